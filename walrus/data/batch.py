@@ -1,0 +1,107 @@
+"""The typed batch that flows from the data layer into training and rollout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Batch:
+    """Windows of frames from one dataset.
+
+    Attributes:
+        input_fields: ``(B, T_in, C, *spatial)`` float input frames.
+        output_fields: ``(B, T_out, C, *spatial)`` float target frames (``T_out`` may be 0).
+        field_ids: ``(C,)`` long vocabulary ids of the C channels.
+        bcs: ``(n_spatial, 2)`` long boundary codes (``walrus.bcs.BoundaryType``), lo/hi per axis.
+        metadata: free-form facts, e.g. ``dataset``, ``field_names``, ``trajectory`` (B,),
+            ``start`` (B,), ``dt``. Lists are per sample and are concatenated by ``collate``.
+    """
+
+    input_fields: Tensor
+    output_fields: Tensor
+    field_ids: Tensor
+    bcs: Tensor
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        x, y = self.input_fields, self.output_fields
+        if x.ndim < 4 or x.ndim > 6:
+            raise ValueError(
+                f"input_fields must be (B, T, C, *spatial) with 1-3 spatial axes, got shape {tuple(x.shape)}"
+            )
+        n_spatial = x.ndim - 3
+        if y.ndim != x.ndim or y.shape[0] != x.shape[0] or y.shape[2:] != x.shape[2:]:
+            raise ValueError(
+                f"output_fields shape {tuple(y.shape)} does not match input_fields {tuple(x.shape)} "
+                "outside the time axis"
+            )
+        if self.field_ids.ndim != 1 or self.field_ids.numel() != x.shape[2]:
+            raise ValueError(
+                f"field_ids must hold one id per channel ({x.shape[2]}), got shape {tuple(self.field_ids.shape)}"
+            )
+        if tuple(self.bcs.shape) != (n_spatial, 2):
+            raise ValueError(
+                f"bcs must be ({n_spatial}, 2) for {n_spatial} spatial axes, got {tuple(self.bcs.shape)}"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_fields.shape[0]
+
+    @property
+    def n_spatial(self) -> int:
+        return self.input_fields.ndim - 3
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Batch:
+        """Move the tensors; ``dtype`` applies to the float fields only."""
+        return replace(
+            self,
+            input_fields=self.input_fields.to(device=device, dtype=dtype, non_blocking=True),
+            output_fields=self.output_fields.to(device=device, dtype=dtype, non_blocking=True),
+            field_ids=self.field_ids.to(device=device, non_blocking=True),
+            bcs=self.bcs.to(device=device, non_blocking=True),
+        )
+
+    def pin_memory(self) -> Batch:
+        return replace(
+            self,
+            input_fields=self.input_fields.pin_memory(),
+            output_fields=self.output_fields.pin_memory(),
+        )
+
+
+def collate(samples: list[Batch]) -> Batch:
+    """Concatenate samples (each with its own leading batch axis) into one batch.
+
+    All samples must come from one dataset: same fields, boundaries and shapes.
+    """
+    if not samples:
+        raise ValueError("cannot collate an empty list of samples")
+    first = samples[0]
+    for s in samples[1:]:
+        if not torch.equal(s.field_ids, first.field_ids) or not torch.equal(s.bcs, first.bcs):
+            raise ValueError(
+                "cannot collate samples with different fields or boundary conditions "
+                f"({first.metadata.get('dataset')!r} vs {s.metadata.get('dataset')!r}); "
+                "use the mixing sampler so each batch comes from one dataset"
+            )
+    metadata: dict[str, Any] = {}
+    for key, value in first.metadata.items():
+        if isinstance(value, list):
+            metadata[key] = [v for s in samples for v in s.metadata[key]]
+        elif isinstance(value, Tensor) and value.ndim >= 1:
+            metadata[key] = torch.cat([s.metadata[key] for s in samples])
+        else:
+            metadata[key] = value
+    return Batch(
+        input_fields=torch.cat([s.input_fields for s in samples]),
+        output_fields=torch.cat([s.output_fields for s in samples]),
+        field_ids=first.field_ids,
+        bcs=first.bcs,
+        metadata=metadata,
+    )
