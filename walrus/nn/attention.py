@@ -1,35 +1,44 @@
 """Attention behind one call, with swappable kernels.
 
-``attention(q, k, v, bias=None, causal=False, kernel="sdpa")`` with q, k, v
-``(..., L, head_dim)``. Kernels: ``sdpa`` (torch's fused kernel), ``math`` (plain
-reference). (The ``chunked`` kernel is being added.)
+``attention(q, k, v, bias=None, causal=False, kernel="sdpa", scale=None, **opts)`` with q, k, v
+``(..., L, E)``. Kernels (names in :data:`KERNEL_NAMES`):
+
+- ``"sdpa"``: torch's ``F.scaled_dot_product_attention``. Inputs are reshaped to 4-D
+  ``(B, H, L, E)`` first, since on CPU the fused flash kernel only takes 4-D input.
+- ``"chunked"``: exact memory-efficient attention (Rabe & Staats) on a ``(N, L, E)`` layout
+  (N = product of the leading dims) with ``baddbmm``/``bmm``, a running max and log-sum-exp.
+  Score blocks are sized by a byte budget. Short sequences (whole score matrix within the
+  budget) take one ``baddbmm`` -> softmax -> ``bmm`` pass, in batch chunks if needed. The
+  backward pass recomputes scores per block from the saved log-sum-exp, except for short
+  sequences, whose probabilities are kept (no larger than the budget or than q).
+- ``"math"``: the plain reference.
+
+Causal masks are bottom-right aligned: query i sees key j iff ``j <= i + (Lk - Lq)``.
+
+Notation: N batch (all leading dims flattened), Lq / Lk query / key lengths, E head dim,
+Ev value dim, nb / cq / ck the batch / query / key sizes of one score block.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
-
-def _math(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, scale: float) -> Tensor:
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (..., Lq, Lk)
-    if bias is not None:
-        s = s + bias
-    if causal:
-        lq, lk = q.shape[-2], k.shape[-2]
-        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
-        s = s.masked_fill(~mask, float("-inf"))
-    return torch.matmul(s.softmax(dim=-1), v)
-
-
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, scale: float) -> Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale)
-
-
-KERNELS = {"math": _math, "sdpa": _sdpa}
+KERNEL_NAMES: tuple[str, ...] = ("sdpa", "chunked", "math")
+KERNEL_OPTIONS: dict[str, tuple[str, ...]] = {
+    "sdpa": (),
+    "chunked": ("chunk_bytes", "q_chunk", "kv_chunk"),
+    "math": (),
+}
+DEFAULT_CHUNK_BYTES_CPU = 8 << 20  # CPU: blocks >= 32 MiB are freshly mapped and page-fault
+DEFAULT_CHUNK_BYTES_ACCEL = 256 << 20
+_MIN_BLOCK_ELEMS = 64 * 64  # below this per-sequence block the batch is chunked too
 
 
 def attention(
@@ -41,20 +50,454 @@ def attention(
     causal: bool = False,
     kernel: str = "sdpa",
     scale: float | None = None,
+    **opts: int,
 ) -> Tensor:
     """Softmax attention ``softmax(q k^T * scale + bias [+ causal mask]) v``.
 
     Args:
-        q: ``(..., Lq, E)``; k: ``(..., Lk, E)``; v: ``(..., Lk, Ev)``.
-        bias: additive, broadcastable to ``(..., Lq, Lk)``.
-        causal: query i sees keys j <= i (aligned to the end when Lq != Lk).
-        kernel: ``"sdpa"``, ``"chunked"`` or ``"math"``.
-        scale: defaults to ``1/sqrt(E)``.
+        q: ``(..., Lq, E)``.
+        k: ``(..., Lk, E)``, same leading dims and dtype as ``q``.
+        v: ``(..., Lk, Ev)``.
+        bias: additive float bias, broadcastable to ``(..., Lq, Lk)`` without adding dims.
+        causal: query i sees keys j <= i + (Lk - Lq) (bottom-right aligned); needs Lq <= Lk.
+        kernel: one of :data:`KERNEL_NAMES`.
+        scale: score scale, defaults to ``1/sqrt(E)``.
+        **opts: kernel options (:data:`KERNEL_OPTIONS`). ``chunked`` takes ``chunk_bytes``
+            (score-block budget in bytes; default 8 MiB on CPU, 256 MiB elsewhere) and explicit
+            ``q_chunk`` / ``kv_chunk`` sizes that override the budget. Options of another kernel
+            are accepted and ignored so configs can swap kernels; unknown names raise.
 
     Returns:
-        ``(..., Lq, Ev)``.
+        ``(..., Lq, Ev)`` in the dtype of ``q``.
+
+    Raises:
+        ValueError: unknown kernel or option, or inconsistent shapes / dtypes.
     """
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {sorted(KERNELS)}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return KERNELS[kernel](q, k, v, bias, causal, scale)
+    _check(q, k, v, bias, causal, kernel, opts)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if kernel == "math":
+        return _math(q, k, v, bias, causal, scale)
+    if kernel == "sdpa":
+        return _sdpa(q, k, v, bias, causal, scale)
+    return _chunked(q, k, v, bias, causal, scale, opts)
+
+
+def _check(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, kernel: str, opts: dict
+) -> None:
+    """Raise a ValueError naming the first bad argument."""
+    if kernel not in KERNEL_NAMES:
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {KERNEL_NAMES}")
+    known = {o for names in KERNEL_OPTIONS.values() for o in names}
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise ValueError(f"unknown attention option(s) {unknown}; known: {sorted(known)}")
+    for name, val in opts.items():
+        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 1):
+            raise ValueError(f"attention option {name}={val!r} must be a positive int or None")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() < 2:
+            raise ValueError(f"attention {name} must be a tensor (..., L, E), got {_desc(t)}")
+        if not t.is_floating_point():
+            raise ValueError(f"attention {name} must be floating point, got {t.dtype}")
+        if t.shape[-2] < 1:
+            raise ValueError(f"attention {name} has an empty sequence axis: {tuple(t.shape)}")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            f"attention q, k, v leading dims differ: {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"attention q and k head dims differ: {q.shape[-1]} vs {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"attention k and v lengths differ: {k.shape[-2]} vs {v.shape[-2]}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"attention q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    lq, lk = q.shape[-2], k.shape[-2]
+    if causal and lq > lk:
+        raise ValueError(
+            f"causal attention needs Lq <= Lk (bottom-right aligned), got Lq={lq}, Lk={lk}: "
+            "the first queries would see no key"
+        )
+    if bias is not None:
+        if not isinstance(bias, Tensor) or not bias.is_floating_point():
+            raise ValueError(f"attention bias must be a float tensor, got {_desc(bias)}")
+        target = (*q.shape[:-2], lq, lk)
+        ok = bias.dim() <= len(target) and all(
+            b in (1, t) for b, t in zip(reversed(bias.shape), reversed(target))
+        )
+        if not ok:
+            raise ValueError(
+                f"attention bias {tuple(bias.shape)} does not broadcast to (..., Lq, Lk) = {target}"
+            )
+
+
+def _desc(x: object) -> str:
+    return f"shape {tuple(x.shape)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+
+
+def _causal_keep(lq: int, lk: int, device: torch.device) -> Tensor:
+    """Bool ``(Lq, Lk)``, True where query i may see key j (j <= i + Lk - Lq)."""
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(lk - lq)
+
+
+# ---------------------------------------------------------------------------------------------
+# math and sdpa
+# ---------------------------------------------------------------------------------------------
+
+
+def _math(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, scale: float
+) -> Tensor:
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (..., Lq, Lk)
+    if bias is not None:
+        s = s + bias.to(s.dtype)
+    if causal:
+        s = s.masked_fill(~_causal_keep(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    return torch.matmul(s.softmax(dim=-1), v)  # (..., Lq, Ev)
+
+
+def _to_4d(x: Tensor, lead: tuple[int, ...]) -> Tensor:
+    """``(*lead, a, b)`` -> ``(B, H, a, b)``; leading dims beyond two are folded into B.
+
+    ``x`` may have size-1 leading dims where ``lead`` has more (a broadcast mask); those stay
+    broadcast unless a folded dim is not 1, in which case the folded dims are expanded.
+    """
+    if len(lead) <= 2:
+        return x.reshape((1,) * (2 - len(lead)) + tuple(x.shape))
+    outer = x.shape[: len(lead) - 1]
+    if all(d == 1 for d in outer):
+        return x.reshape(1, *x.shape[-3:])
+    return x.expand(*lead[:-1], *x.shape[-3:]).reshape(-1, *x.shape[-3:])
+
+
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, scale: float
+) -> Tensor:
+    lead = tuple(q.shape[:-2])
+    lq, lk = q.shape[-2], k.shape[-2]
+    mask = None
+    if bias is not None:
+        mask = bias.to(q.dtype)
+    is_causal = causal and mask is None and lq == lk  # torch's is_causal is top-left aligned
+    if causal and not is_causal:
+        keep = _causal_keep(lq, lk, q.device)  # (Lq, Lk)
+        mask = keep if mask is None else mask.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        mask = _to_4d(mask.reshape((1,) * (q.dim() - mask.dim()) + tuple(mask.shape)), lead)
+    out = F.scaled_dot_product_attention(
+        _to_4d(q, lead),
+        _to_4d(k, lead),
+        _to_4d(v, lead),
+        attn_mask=mask,
+        is_causal=is_causal,
+        scale=scale,
+    )  # (B, H, Lq, Ev)
+    return out.reshape(*lead, lq, v.shape[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# chunked
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything the chunked forward/backward needs besides the tensors."""
+
+    n: int  # batch N (leading dims flattened)
+    lq: int
+    lk: int
+    lead_tail: tuple[int, ...]  # leading dims after the first
+    bias_shape: tuple[int, ...] | None  # bias shape padded to len(lead) + 2 dims
+    bias_flat: bool  # bias has no leading dims other than 1: passed straight to baddbmm
+    unit: int  # batch chunks are multiples of this so the bias broadcasts over a block view
+    causal: bool
+    scale: float
+    nb: int  # block sizes
+    cq: int
+    ck: int
+
+    @property
+    def off(self) -> int:
+        return self.lk - self.lq
+
+    def kv_end(self, qe: int) -> int:
+        """Keys at or beyond this index are masked for every query row before ``qe``."""
+        return min(self.lk, qe + self.off) if self.causal else self.lk
+
+    def blocks(self) -> Iterator[tuple[int, int, int, int, int, int, int]]:
+        """Yield ``(n0, n1, qs, qe, ks, ke, n_kv_blocks)``, skipping fully masked blocks."""
+        for n0 in range(0, self.n, self.nb):
+            n1 = min(self.n, n0 + self.nb)
+            for qs in range(0, self.lq, self.cq):
+                qe = min(self.lq, qs + self.cq)
+                end = self.kv_end(qe)
+                starts = range(0, end, self.ck)
+                for ks in starts:
+                    yield n0, n1, qs, qe, ks, min(end, ks + self.ck), len(starts)
+
+    def mask(self, qs: int, qe: int, ks: int, ke: int, device: torch.device) -> Tensor | None:
+        """Additive fp32 ``(cq, ck)`` causal mask (0 or -inf); None when fully visible.
+
+        Adding it inside ``baddbmm`` costs nothing extra, unlike a separate ``masked_fill_``.
+        """
+        if not self.causal or ke - 1 <= qs + self.off:
+            return None
+        rows = torch.arange(qs, qe, device=device).unsqueeze(1) + self.off  # (cq, 1)
+        hidden = torch.arange(ks, ke, device=device) > rows  # (cq, ck)
+        return torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf"))
+
+    def bias_index(self, n0: int, n1: int, qs: int, qe: int, ks: int, ke: int) -> tuple:
+        """Index of one block in the padded bias (size-1 axes stay whole)."""
+        shape = self.bias_shape
+        qi = slice(qs, qe) if shape[-2] != 1 else slice(None)
+        ki = slice(ks, ke) if shape[-1] != 1 else slice(None)
+        if self.bias_flat:
+            return (0,) * (len(shape) - 2) + (qi, ki)
+        bi = slice(n0 // self.unit, n1 // self.unit) if shape[0] != 1 else slice(None)
+        return (bi,) + (slice(None),) * (len(shape) - 3) + (qi, ki)
+
+
+def _make_plan(
+    q: Tensor, k: Tensor, bias: Tensor | None, causal: bool, scale: float, opts: dict
+) -> _Plan:
+    """Pick block sizes from the byte budget (fp32 score block ``nb * cq * ck * 4`` bytes).
+
+    Order of preference: everything in one block; whole sequences in batch chunks; query/key
+    chunks (about square, keys a power of two) over the whole batch, with the batch chunked
+    too when the per-sequence block would drop below 64 x 64.
+    """
+    lead = tuple(q.shape[:-2])
+    n, lq, lk = math.prod(lead), q.shape[-2], k.shape[-2]
+    bias_shape, bias_flat, unit = None, True, 1
+    if bias is not None:
+        bias_shape = (1,) * (len(lead) + 2 - bias.dim()) + tuple(bias.shape)
+        bias_flat = all(d == 1 for d in bias_shape[:-2])
+        unit = 1 if bias_flat else math.prod(lead[1:])
+    default = DEFAULT_CHUNK_BYTES_CPU if q.device.type == "cpu" else DEFAULT_CHUNK_BYTES_ACCEL
+    budget = max(1, (opts.get("chunk_bytes") or default) // 4)  # fp32 elements per block
+    q_chunk, kv_chunk = opts.get("q_chunk"), opts.get("kv_chunk")
+    if q_chunk or kv_chunk:
+        nb, cq, ck = n, min(lq, q_chunk or lq), min(lk, kv_chunk or lk)
+    elif n * lq * lk <= budget:
+        nb, cq, ck = n, lq, lk  # no chunking at all
+    elif unit * lq * lk <= budget:
+        nb, cq, ck = budget // (lq * lk) // unit * unit, lq, lk  # whole sequences, batch chunks
+    else:
+        nb = n
+        if budget // n < _MIN_BLOCK_ELEMS and unit == 1:
+            nb = max(1, budget // _MIN_BLOCK_ELEMS)
+        per = max(1, budget // nb)  # elements per sequence and block
+        ck = min(lk, 1 << (math.isqrt(per).bit_length() - 1))
+        cq = min(lq, max(1, per // ck))
+    return _Plan(n, lq, lk, lead[1:], bias_shape, bias_flat, unit, causal, scale, nb, cq, ck)
+
+
+def _scores(
+    plan: _Plan, qc: Tensor, kc: Tensor, bias: Tensor | None, idx: tuple, mask: Tensor | None
+) -> Tensor:
+    """``qc kc^T * scale + bias + mask``: ``(nb, cq, ck)`` fp32, masked entries at -inf."""
+    kt = kc.transpose(1, 2)  # (nb, E, ck)
+    add = mask  # (cq, ck) or None
+    if bias is not None and plan.bias_flat:
+        b = bias[idx].float()  # (cq|1, ck|1)
+        add = b if add is None else b + add
+    if add is None:
+        s = torch.baddbmm(qc.new_zeros(1, 1, 1), qc, kt, beta=0.0, alpha=plan.scale)
+    else:
+        s = torch.baddbmm(add.unsqueeze(0), qc, kt, alpha=plan.scale)  # (nb, cq, ck)
+    if bias is not None and not plan.bias_flat:
+        s.view(-1, *plan.lead_tail, *s.shape[-2:]).add_(bias[idx])
+    return s
+
+
+def _softmax_(s: Tensor) -> None:
+    """Softmax over the last axis in place.
+
+    ATen's fused softmax is slow on rows that are short or not a multiple of the vector width
+    (measured 5x slower at 6 keys on an AVX-512 CPU); plain in-place ops are used there.
+    """
+    if s.shape[-1] % 16 == 0:
+        torch.ops.aten._softmax.out(s, -1, False, out=s)
+    else:
+        s.sub_(s.amax(-1, keepdim=True)).exp_()
+        s.div_(s.sum(-1, keepdim=True))
+
+
+def _softmax_lse_(s: Tensor) -> Tensor:
+    """Softmax over the last axis in place; returns the log-sum-exp ``(nb, cq, 1)``."""
+    m = s.amax(-1, keepdim=True)  # (nb, cq, 1)
+    m = m.masked_fill(m == float("-inf"), 0.0)
+    s.sub_(m).exp_()
+    total = s.sum(-1, keepdim=True)  # (nb, cq, 1)
+    s.div_(total)
+    return m + total.log()
+
+
+def _chunked_forward(
+    plan: _Plan,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    need_lse: bool,
+    keep_probs: bool,
+) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    """Forward on ``(N, L, E)`` fp32 tensors.
+
+    Returns:
+        out ``(N, Lq, Ev)``, lse ``(N, Lq, 1)`` or None, and the probability blocks when
+        ``keep_probs`` (only for plans whose blocks hold whole sequences).
+    """
+    out = q.new_empty(plan.n, plan.lq, v.shape[-1])  # (N, Lq, Ev)
+    lse = q.new_empty(plan.n, plan.lq, 1) if need_lse else None
+    probs: list[Tensor] = []
+    acc = m = total = None
+    for n0, n1, qs, qe, ks, ke, n_kv in plan.blocks():
+        qc, kc, vc = q[n0:n1, qs:qe], k[n0:n1, ks:ke], v[n0:n1, ks:ke]  # (nb, cq|ck, E|Ev)
+        idx = plan.bias_index(n0, n1, qs, qe, ks, ke) if bias is not None else ()
+        s = _scores(plan, qc, kc, bias, idx, plan.mask(qs, qe, ks, ke, q.device))  # (nb, cq, ck)
+        if n_kv == 1:
+            if need_lse:
+                lse[n0:n1, qs:qe] = _softmax_lse_(s)
+            else:
+                _softmax_(s)
+            dst = out[n0:n1, qs:qe]  # (nb, cq, Ev)
+            if dst.is_contiguous():
+                torch.bmm(s, vc, out=dst)
+            else:
+                dst.copy_(torch.bmm(s, vc))
+            if keep_probs:
+                probs.append(s)
+        else:
+            m_blk = s.amax(-1, keepdim=True)  # (nb, cq, 1)
+            m_new = m_blk if ks == 0 else torch.maximum(m, m_blk)
+            m_use = m_new.masked_fill(m_new == float("-inf"), 0.0)  # rows that saw nothing yet
+            s.sub_(m_use).exp_()
+            if ks == 0:
+                acc, total = torch.bmm(s, vc), s.sum(-1, keepdim=True)  # (nb, cq, Ev), (nb, cq, 1)
+            else:
+                alpha = (m - m_use).exp_()  # (nb, cq, 1)
+                total.mul_(alpha).add_(s.sum(-1, keepdim=True))
+                acc.mul_(alpha).baddbmm_(s, vc)
+            m = m_use
+            if ke == plan.kv_end(qe):
+                out[n0:n1, qs:qe] = acc.div_(total)
+                if need_lse:
+                    lse[n0:n1, qs:qe] = m + total.log()
+        del s  # free the block before the next one is allocated
+    return out, lse, probs
+
+
+def _chunked_backward(
+    plan: _Plan,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    out: Tensor,
+    dout: Tensor,
+    lse: Tensor | None,
+    probs: list[Tensor],
+    need_dbias: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Gradients on ``(N, L, E)`` fp32 tensors, recomputing each score block from ``lse``
+    unless the probability blocks were kept. Returns dq, dk, dv and dbias (padded shape).
+
+    With ``P = softmax(S)``: ``dV = P^T dO``, ``dP = dO V^T``,
+    ``dS = P * (dP - rowsum(P * dP))`` with ``rowsum(P * dP) = rowsum(dO * O)``,
+    ``dQ = scale dS K``, ``dK = scale dS^T Q``, ``dbias = dS`` summed over broadcast axes.
+    Gradient slices are written (``beta=0``) on their first visit instead of zero-filled.
+    """
+    fresh_kv = plan.cq >= plan.lq  # one query chunk: every key block is visited exactly once
+    dq = torch.empty_like(q)
+    dk, dv = (torch.empty_like(t) if fresh_kv else torch.zeros_like(t) for t in (k, v))
+    dbias = q.new_zeros(plan.bias_shape) if need_dbias else None
+    delta = None
+    for i, (n0, n1, qs, qe, ks, ke, n_kv) in enumerate(plan.blocks()):
+        qc, kc, vc = q[n0:n1, qs:qe], k[n0:n1, ks:ke], v[n0:n1, ks:ke]  # (nb, cq|ck, E|Ev)
+        doc = dout[n0:n1, qs:qe]  # (nb, cq, Ev)
+        idx = plan.bias_index(n0, n1, qs, qe, ks, ke) if bias is not None else ()
+        if probs:
+            p = probs[i]  # (nb, cq, ck)
+        else:
+            p = _scores(plan, qc, kc, bias, idx, plan.mask(qs, qe, ks, ke, q.device))
+            p.sub_(lse[n0:n1, qs:qe]).exp_()
+        beta_kv = 0.0 if fresh_kv else 1.0
+        dv[n0:n1, ks:ke].baddbmm_(p.transpose(1, 2), doc, beta=beta_kv)
+        ds = torch.bmm(doc, vc.transpose(1, 2))  # dP (nb, cq, ck)
+        if n_kv == 1:  # whole rows in the block: rowsum(P * dP) is cheaper than rowsum(dO * O)
+            ds.mul_(p)
+            ds.addcmul_(p, ds.sum(-1, keepdim=True), value=-1.0)
+        else:
+            if ks == 0:
+                delta = (doc * out[n0:n1, qs:qe]).sum(-1, keepdim=True)  # (nb, cq, 1)
+            ds.sub_(delta).mul_(p)
+        dq[n0:n1, qs:qe].baddbmm_(ds, kc, beta=0.0 if ks == 0 else 1.0, alpha=plan.scale)
+        dk[n0:n1, ks:ke].baddbmm_(ds.transpose(1, 2), qc, beta=beta_kv, alpha=plan.scale)
+        if dbias is not None:
+            dbias[idx] += _reduce_to_bias(plan, ds)
+        del p, ds  # free the blocks before the next ones are allocated
+    return dq, dk, dv, dbias
+
+
+def _reduce_to_bias(plan: _Plan, ds: Tensor) -> Tensor:
+    """Sum a score-gradient block ``(nb, cq, ck)`` over the axes the bias broadcasts along."""
+    shape = plan.bias_shape
+    if plan.bias_flat:
+        g = ds.sum(0)  # (cq, ck)
+        dims = [i for i in (0, 1) if shape[i - 2] == 1]
+    else:
+        g = ds.view(-1, *plan.lead_tail, *ds.shape[-2:])  # (nb/unit, *lead_tail, cq, ck)
+        dims = [i for i, d in enumerate(shape) if d == 1]
+    return g.sum(dims, keepdim=True) if dims else g
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """Chunked attention whose backward recomputes score blocks (O(block) memory)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, plan: _Plan, keep_probs: bool):
+        qf, kf, vf = (_flat(t, plan.n) for t in (q, k, v))
+        bf = None if bias is None else bias.reshape(plan.bias_shape)
+        out, lse, probs = _chunked_forward(plan, qf, kf, vf, bf, not keep_probs, keep_probs)
+        out = out.to(q.dtype).reshape(*q.shape[:-1], v.shape[-1])
+        ctx.plan, ctx.probs, ctx.has_bias = plan, probs, bias is not None
+        ctx.save_for_backward(q, k, v, bias, out, lse)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, bias, out, lse = ctx.saved_tensors
+        plan = ctx.plan
+        qf, kf, vf, of, gf = (_flat(t, plan.n) for t in (q, k, v, out, grad_out))
+        bf = None if bias is None else bias.reshape(plan.bias_shape)
+        need_dbias = ctx.has_bias and ctx.needs_input_grad[3]
+        dq, dk, dv, db = _chunked_backward(plan, qf, kf, vf, bf, of, gf, lse, ctx.probs, need_dbias)
+        dq, dk, dv = (g.to(t.dtype).reshape(t.shape) for g, t in ((dq, q), (dk, k), (dv, v)))
+        db = None if db is None else db.to(bias.dtype).reshape(bias.shape)
+        return dq, dk, dv, db, None, None
+
+
+def _flat(t: Tensor, n: int) -> Tensor:
+    """``(..., L, E)`` -> ``(N, L, E)`` fp32 (a view when already fp32 and contiguous)."""
+    return t.reshape(n, *t.shape[-2:]).float()
+
+
+def _chunked(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, scale: float, opts: dict
+) -> Tensor:
+    plan = _make_plan(q, k, bias, causal, scale, opts)
+    tensors = (q, k, v) if bias is None else (q, k, v, bias)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        # Keep the probabilities for backward only when blocks hold whole sequences and they
+        # are no larger than the budget or than q itself (short sequences, Lk <= E).
+        whole = plan.cq == plan.lq and plan.ck == plan.lk
+        small = plan.lk <= q.shape[-1] or plan.nb == plan.n
+        return _ChunkedAttention.apply(q, k, v, bias, plan, whole and small)
+    qf, kf, vf = (_flat(t, plan.n) for t in (q, k, v))
+    bf = None if bias is None else bias.reshape(plan.bias_shape)
+    out, _, _ = _chunked_forward(plan, qf, kf, vf, bf, need_lse=False, keep_probs=False)
+    return out.to(q.dtype).reshape(*q.shape[:-1], v.shape[-1])  # (..., Lq, Ev)
