@@ -1,0 +1,97 @@
+"""RMS group normalisation.
+
+Like GroupNorm without mean subtraction: channels split into ``groups`` and each group is
+scaled by the root mean square over its channels *and* all spatial positions of one sample
+(one frame). Weight only, no bias.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def _stat_dtype(x: Tensor) -> torch.dtype:
+    """Statistics in at least fp32 (fp64 stays fp64)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+class RMSGroupNorm(nn.Module):
+    """RMS group norm over tokens and channel groups.
+
+    Args:
+        dim: number of channels.
+        groups: number of channel groups; must divide ``dim``.
+        eps: added to the mean square.
+        channels_last: ``True`` for ``(..., S, C)`` inputs (statistic over ``S`` and the group's
+            channels, per leading index); ``False`` for ``(N, C, *spatial)`` inputs.
+    """
+
+    def __init__(self, dim: int, groups: int, eps: float = 1e-6, channels_last: bool = True):
+        super().__init__()
+        if dim % groups != 0:
+            raise ValueError(f"RMSGroupNorm: dim {dim} is not divisible by groups {groups}")
+        self.dim, self.groups, self.eps, self.channels_last = dim, groups, eps, channels_last
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def use_official_statistics(self) -> None:
+        """Switch to the official Walrus "RMSGroupNorm" numerics (``compat="walrus_official"``).
+
+        The official norm takes the RMS of each channel over the tokens alone (its groups have
+        no effect) and ignores its eps argument, using ``torch.finfo(dtype).eps`` instead; the
+        statistic here is computed in fp32, so that eps is ``finfo(float32).eps``.
+        """
+        self.groups = self.dim
+        self.eps = torch.finfo(torch.float32).eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalise ``x`` (``(..., S, C)`` or ``(N, C, *spatial)``); same shape out."""
+        g, cg = self.groups, self.dim // self.groups
+        if self.channels_last:
+            xg = x.unflatten(-1, (g, cg))  # (..., S, G, Cg)
+            dims, count = (-3, -1), x.shape[-2] * cg
+            w = self.weight.view(g, cg)  # (G, Cg)
+        else:
+            xg = x.reshape(x.shape[0], g, cg, -1)  # (N, G, Cg, S)
+            dims, count = (2, 3), xg.shape[2] * xg.shape[3]
+            w = self.weight.view(g, cg, 1)  # (G, Cg, 1)
+        sq = torch.linalg.vector_norm(xg, dim=dims, keepdim=True, dtype=_stat_dtype(x)).square()
+        inv = torch.rsqrt(sq / count + self.eps).to(x.dtype)  # statistic, broadcastable
+        return (xg * (inv * w)).view(x.shape)
+
+
+def rms_group_normalize(
+    x: Tensor, groups: int, eps: float, dtype: torch.dtype, weight: Tensor | None = None
+) -> Tensor:
+    """RMS group normalisation of channels-last tokens, as a token matrix in ``dtype``.
+
+    Same statistic as :class:`RMSGroupNorm` (fp32 mean square over the tokens and the group's
+    channels, per leading index). One pass over ``x`` for the statistic and one that writes
+    the result in ``dtype``; the weight is folded into the small per-group scale (or left to
+    the caller to fold into the next linear when ``None``).
+
+    Args:
+        x: ``(..., S, C)``.
+        groups: channel groups (divides C).
+        eps: added to the mean square.
+        dtype: output dtype.
+        weight: ``(C,)`` norm weight, or None.
+
+    Returns:
+        ``(prod(...) * S, C)`` contiguous.
+    """
+    s, c = x.shape[-2], x.shape[-1]
+    xg = x.reshape(-1, s, groups, c // groups)  # (N, S, G, Cg)
+    sq = torch.linalg.vector_norm(xg, dim=(1, 3), keepdim=True, dtype=_stat_dtype(x))  # (N,1,G,1)
+    ms = sq.square() if torch.is_grad_enabled() else sq.square_()  # norm's backward needs sq
+    inv = ms.mul_(groups / (s * c)).add_(eps).rsqrt_()  # (N, 1, G, 1) fp32
+    if weight is not None:
+        inv = inv * weight.view(groups, -1)  # (N, 1, G, Cg)
+    if x.dtype == dtype:
+        return torch.mul(xg, inv.to(dtype)).view(-1, c)  # (N*S, C)
+    if torch.is_grad_enabled():
+        return torch.mul(xg, inv).to(dtype).view(-1, c)
+    return torch.mul(xg, inv, out=xg.new_empty(xg.shape, dtype=dtype)).view(-1, c)  # cast fused
