@@ -1,0 +1,98 @@
+"""Normalisation inverts exactly; stats.yaml is computed by streaming and read back."""
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from walrus.data.normalization import RMSNormalizer, ZScoreNormalizer
+from walrus.data.stats import compute_stats, load_stats, main, write_stats
+from walrus.data.well import WellDataset
+from walrus.data.writer import write_well_file
+
+
+def _dataset(root, seed=0):
+    rng = np.random.default_rng(seed)
+    p = (3.0 + 2.0 * rng.standard_normal((3, 9, 6, 5))).astype(np.float32)
+    u = rng.standard_normal((3, 9, 6, 5, 2)).astype(np.float32)
+    for i, split in enumerate(("train", "train", "valid")):
+        write_well_file(
+            root / "toy" / "data" / split / f"f{i}.hdf5",
+            "toy",
+            coords={"x": np.arange(6.0), "y": np.arange(5.0)},
+            time=np.arange(9.0),
+            n_trajectories=1,
+            fields={"p": p[i : i + 1]},
+            vector_fields={"u": u[i : i + 1]},
+        )
+    return p, u
+
+
+def test_rms_normalisation_inverts():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 3, 8, 8) * torch.tensor([1.0, 10.0, 0.01]).view(1, 1, 3, 1, 1)
+    s = RMSNormalizer().fit(x)
+    assert torch.allclose(s.denormalize(s.normalize(x)), x, atol=1e-6, rtol=1e-6)
+    d = x[:, 1:] - x[:, :-1]
+    assert torch.allclose(s.denormalize_delta(s.normalize_delta(d)), d, atol=1e-6, rtol=1e-6)
+    assert torch.allclose(
+        s.normalize(x).square().mean(dim=(1, 3, 4)).sqrt(), torch.ones(2, 3), atol=1e-2
+    )
+
+
+def test_stats_stream_matches_numpy(tmp_path):
+    p, u = _dataset(tmp_path)
+    stats = compute_stats(tmp_path / "toy", max_bytes=4 * 3 * 30 * 2)  # 2 frames per read
+    train_p = p[:2]
+    assert stats["mean"]["p"] == pytest.approx(train_p.mean(), rel=1e-6)
+    assert stats["std"]["p"] == pytest.approx(train_p.std(), rel=1e-5)
+    assert stats["rms"]["u_y"] == pytest.approx(np.sqrt((u[:2, ..., 1] ** 2).mean()), rel=1e-5)
+    dp = np.diff(train_p, axis=1)
+    assert stats["std_delta"]["p"] == pytest.approx(dp.std(), rel=1e-5)
+    assert stats["mean_delta"]["u_x"] == pytest.approx(
+        np.diff(u[:2, ..., 0], axis=1).mean(), abs=1e-6
+    )
+
+
+def test_zscore_from_stats_yaml_inverts(tmp_path):
+    _dataset(tmp_path)
+    main([str(tmp_path / "toy")])
+    stats = load_stats(tmp_path / "toy" / "stats.yaml")
+    ds = WellDataset(tmp_path, "toy", "valid", 4, 1)
+    x = ds[0].input_fields
+    s = ZScoreNormalizer(stats).fit(x, ds.field_names)
+    assert s.shift[0, 0, 0, 0, 0].item() == pytest.approx(stats["mean"]["p"], rel=1e-6)
+    assert torch.allclose(s.denormalize(s.normalize(x)), x, atol=1e-5)
+    d = x[:, 1:] - x[:, :-1]
+    assert torch.allclose(s.denormalize_delta(s.normalize_delta(d)), d, atol=1e-6)
+
+
+def test_load_real_well_style_stats(tmp_path):
+    path = tmp_path / "stats.yaml"
+    path.write_text(yaml.safe_dump({"mean": {"rho": 1.0, "v": [0.1, 0.2], "S": [[1, 2], [3, 4]]}}))
+    stats = load_stats(path)
+    assert stats["mean"] == {
+        "rho": 1.0,
+        "v_x": 0.1,
+        "v_y": 0.2,
+        "S_xx": 1,
+        "S_xy": 2,
+        "S_yx": 3,
+        "S_yy": 4,
+    }
+    with pytest.raises(FileNotFoundError, match="walrus.data.stats"):
+        load_stats(tmp_path / "missing.yaml")
+
+
+def test_write_stats_is_atomic(tmp_path):
+    _dataset(tmp_path)
+    path = write_stats(tmp_path / "toy")
+    assert [q.name for q in (tmp_path / "toy").iterdir() if q.is_file()] == ["stats.yaml"]
+    assert set(yaml.safe_load(path.read_text())) == {
+        "mean",
+        "std",
+        "rms",
+        "mean_delta",
+        "std_delta",
+        "rms_delta",
+    }

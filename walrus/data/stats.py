@@ -1,0 +1,170 @@
+"""Per-field statistics of a Well dataset, ``stats.yaml``.
+
+``python -m walrus.data.stats ROOT/DATASET`` streams over the train split (a few frames at a
+time, never a whole file) and writes ``ROOT/DATASET/stats.yaml`` atomically with, per field
+component: ``mean``, ``std``, ``rms`` of the values and ``mean_delta``, ``std_delta``,
+``rms_delta`` of consecutive-frame differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from walrus.data.well import WellFile, list_split_files, open_h5
+
+STAT_KEYS = ("mean", "std", "rms", "mean_delta", "std_delta", "rms_delta")
+
+
+class _Moments:
+    """Running count, sum and sum of squares per channel, in float64."""
+
+    def __init__(self, n_channels: int) -> None:
+        self.count = 0
+        self.sum = np.zeros(n_channels)
+        self.sumsq = np.zeros(n_channels)
+
+    def add(self, x: np.ndarray) -> None:
+        """``x`` ``(T, C, *spatial)``."""
+        axes = (0, *range(2, x.ndim))
+        x = x.astype(np.float64)
+        self.count += x.size // x.shape[1]
+        self.sum += x.sum(axis=axes)
+        self.sumsq += np.square(x).sum(axis=axes)
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = max(self.count, 1)
+        mean = self.sum / n
+        ms = self.sumsq / n
+        return mean, np.sqrt(np.maximum(ms - mean**2, 0.0)), np.sqrt(ms)
+
+
+def compute_stats(
+    dataset_dir: str | os.PathLike, split: str = "train", max_bytes: int = 64 << 20
+) -> dict[str, dict[str, float]]:
+    """Statistics of every field component over one split.
+
+    Args:
+        dataset_dir: ``ROOT/DATASET``.
+        split: split to stream over.
+        max_bytes: upper bound on the frames read at once.
+
+    Returns:
+        ``{stat: {component name: value}}`` for ``stat`` in ``STAT_KEYS``.
+    """
+    dataset_dir = Path(dataset_dir)
+    files = [WellFile(p) for p in list_split_files(dataset_dir.parent, dataset_dir.name, split)]
+    names = files[0].field_names
+    values, deltas = _Moments(len(names)), _Moments(len(names))
+    for wf in files:
+        if wf.field_names != names:
+            raise ValueError(
+                f"{wf.path}: fields {wf.field_names} differ from {files[0].path} ({names})"
+            )
+        sel = wf.select(None)
+        frame_bytes = 4 * len(names) * math.prod(wf.spatial_shape)
+        chunk = max(2, min(wf.n_time, max_bytes // max(frame_bytes, 1)))
+        with open_h5(wf.path) as h:
+            for traj in range(wf.n_trajectories):
+                prev = None
+                for start in range(0, wf.n_time, chunk):
+                    n = min(chunk, wf.n_time - start)
+                    x = wf.read(h, sel, traj, start, n)  # (n, C, *spatial)
+                    values.add(x)
+                    if prev is not None:
+                        x = np.concatenate([prev, x])
+                    if x.shape[0] > 1:
+                        deltas.add(x[1:] - x[:-1])
+                    prev = x[-1:]
+    mean, std, rms = values.finish()
+    mean_d, std_d, rms_d = deltas.finish()
+    out: dict[str, dict[str, float]] = {}
+    for key, arr in zip(STAT_KEYS, (mean, std, rms, mean_d, std_d, rms_d)):
+        out[key] = {n: float(v) for n, v in zip(names, arr)}
+    return out
+
+
+def write_stats(dataset_dir: str | os.PathLike, split: str = "train") -> Path:
+    """Compute and atomically write ``dataset_dir/stats.yaml``; returns its path."""
+    dataset_dir = Path(dataset_dir)
+    stats = compute_stats(dataset_dir, split)
+    path = dataset_dir / "stats.yaml"
+    fd, tmp = tempfile.mkstemp(prefix=".stats.", suffix=".yaml", dir=dataset_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(stats, f, sort_keys=False)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def load_stats(
+    path: str | os.PathLike, spatial_dims: Sequence[str] = ("x", "y", "z")
+) -> dict[str, dict[str, float]]:
+    """Read a ``stats.yaml``, flattening per-field lists into component names.
+
+    Real Well files store a vector field's statistic as a list (``velocity: [a, b]``) and a
+    tensor's as a nested list; these become ``velocity_x, velocity_y`` and ``stress_xx, ...``.
+
+    Returns:
+        ``{stat: {component name: float}}``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no such stats file (run python -m walrus.data.stats {path.parent})"
+        )
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path}: expected a mapping of statistics, got {type(raw).__name__}")
+    out: dict[str, dict[str, float]] = {}
+    for key, table in raw.items():
+        if not isinstance(table, Mapping):
+            continue
+        flat: dict[str, float] = {}
+        for name, value in table.items():
+            _flatten(flat, str(name), value, spatial_dims, path)
+        out[str(key)] = flat
+    return out
+
+
+def _flatten(out: dict[str, float], name: str, value: Any, dims: Sequence[str], path: Path) -> None:
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim == 0:
+        out[name] = float(arr)
+    elif arr.ndim == 1:
+        for a, v in zip(dims, arr):
+            out[f"{name}_{a}"] = float(v)
+    elif arr.ndim == 2:
+        for i, a in enumerate(dims[: arr.shape[0]]):
+            for j, b in enumerate(dims[: arr.shape[1]]):
+                out[f"{name}_{a}{b}"] = float(arr[i, j])
+    else:
+        raise ValueError(f"{path}: statistic for {name!r} has {arr.ndim} dimensions")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m walrus.data.stats", description="Compute stats.yaml of a Well dataset."
+    )
+    parser.add_argument("dataset_dir", help="ROOT/DATASET, holding data/train/*.hdf5")
+    parser.add_argument("--split", default="train")
+    args = parser.parse_args(argv)
+    path = write_stats(args.dataset_dir, args.split)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

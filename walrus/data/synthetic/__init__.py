@@ -1,0 +1,178 @@
+"""Built-in PDE datasets: our own vectorised solvers, written as Well files.
+
+``generate(system, out)`` writes ``out/{system}/data/{train,valid,test}/{system}_{regime}.hdf5``
+and ``out/{system}/stats.yaml``. The same seed gives byte-identical arrays.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from contextlib import nullcontext
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from walrus.data.synthetic import advection_diffusion, gray_scott, navier_stokes, shallow_water
+from walrus.data.synthetic.common import Simulation, System
+from walrus.data.writer import write_well_file
+
+SYSTEMS: dict[str, System] = {
+    s.name: s
+    for s in (
+        System(
+            "navier_stokes_2d",
+            2,
+            64,
+            80,
+            {"decaying": navier_stokes.REGIMES["decaying"]},
+            navier_stokes.simulate,
+            "2D incompressible Navier-Stokes (vorticity, periodic, pseudo-spectral)",
+        ),
+        System(
+            "gray_scott_2d",
+            2,
+            64,
+            80,
+            gray_scott.REGIMES,
+            gray_scott.simulate,
+            "Gray-Scott reaction-diffusion (periodic, two (F, k) regimes)",
+        ),
+        System(
+            "shallow_water_2d",
+            2,
+            64,
+            80,
+            shallow_water.REGIMES,
+            shallow_water.simulate,
+            "2D shallow water in a box with reflecting walls (finite volume)",
+        ),
+        System(
+            "advection_diffusion_3d",
+            3,
+            32,
+            40,
+            advection_diffusion.REGIMES,
+            advection_diffusion.simulate,
+            "3D advection-diffusion in an ABC flow (periodic, pseudo-spectral)",
+        ),
+    )
+}
+# extra regimes a user can ask for by name
+EXTRA_REGIMES = {"navier_stokes_2d": {"kolmogorov": navier_stokes.REGIMES["kolmogorov"]}}
+
+SPLITS = ("train", "valid", "test")
+
+
+def split_counts(n_traj: int | Sequence[int]) -> dict[str, int]:
+    """Trajectories per split: an int is the train count (valid/test get ``max(1, n // 6)``)."""
+    if isinstance(n_traj, int):
+        if n_traj < 1:
+            raise ValueError(f"n_traj must be >= 1, got {n_traj}")
+        other = max(1, n_traj // 6)
+        return {"train": n_traj, "valid": other, "test": other}
+    counts = [int(c) for c in n_traj]
+    if len(counts) != 3 or min(counts) < 1:
+        raise ValueError(
+            f"n_traj must be an int or three positive counts (train, valid, test), got {n_traj!r}"
+        )
+    return dict(zip(SPLITS, counts))
+
+
+def _regime_counts(n: int, regimes: Sequence[str]) -> list[int]:
+    base, extra = divmod(n, len(regimes))
+    return [base + (i < extra) for i in range(len(regimes))]
+
+
+def generate(
+    system: str,
+    out: str | os.PathLike,
+    n_traj: int | Sequence[int] = (24, 4, 4),
+    resolution: int | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    regimes: Sequence[str] | None = None,
+    progress: bool = True,
+    stats: bool = True,
+) -> Path:
+    """Simulate a built-in system and write it as a Well dataset.
+
+    Args:
+        system: a key of ``SYSTEMS``.
+        out: data root; files go to ``out/{system}/data/{split}/``.
+        n_traj: train trajectories (valid/test get a sixth each), or ``(train, valid, test)``.
+            Each split's trajectories are shared out between the regimes, one file per regime.
+        resolution: grid points per axis (default: the system's).
+        steps: saved time steps per trajectory (default: the system's).
+        seed: base seed; the same seed gives byte-identical arrays.
+        regimes: regime names (default: the system's defaults).
+        progress: show a Rich progress bar.
+        stats: also write ``stats.yaml`` from the train split.
+
+    Returns:
+        The dataset directory ``out/{system}``.
+    """
+    if system not in SYSTEMS:
+        raise ValueError(f"unknown system {system!r}; built-in systems: {', '.join(SYSTEMS)}")
+    spec = SYSTEMS[system]
+    available = {**spec.regimes, **EXTRA_REGIMES.get(system, {})}
+    regimes = list(regimes or spec.regimes)
+    unknown = [r for r in regimes if r not in available]
+    if unknown:
+        raise ValueError(f"{system}: unknown regimes {unknown}; available: {list(available)}")
+    resolution = resolution or spec.resolution
+    steps = steps or spec.steps
+    if resolution < 8 or steps < 2:
+        raise ValueError(
+            f"{system}: need resolution >= 8 and steps >= 2, got {resolution}, {steps}"
+        )
+    counts = split_counts(n_traj)
+    root = Path(out) / system
+
+    jobs = []
+    for si, split in enumerate(SPLITS):
+        for ri, (regime, n) in enumerate(zip(regimes, _regime_counts(counts[split], regimes))):
+            if n > 0:
+                jobs.append((si, split, ri, regime, n))
+
+    bar = _progress_bar() if progress else None
+    with bar or nullcontext():
+        for si, split, ri, regime, n in jobs:
+            advance = None
+            if bar is not None:
+                task = bar.add_task(f"{system} {split}/{regime} ({n} traj)", total=steps)
+                advance = partial(bar.advance, task)
+            rng = np.random.default_rng([seed, si, ri])
+            params = {k: np.full(n, float(v)) for k, v in available[regime].items()}
+            sim: Simulation = spec.simulate(params, resolution, steps, rng, advance)
+            write_well_file(
+                root / "data" / split / f"{system}_{regime}.hdf5",
+                system,
+                coords=sim.coords,
+                time=sim.time,
+                n_trajectories=n,
+                fields=sim.fields,
+                vector_fields=sim.vector_fields,
+                varying=sim.varying,
+                bcs=sim.bcs,
+                params=available[regime],
+            )
+    if stats:
+        from walrus.data.stats import write_stats
+
+        write_stats(root)
+    return root
+
+
+def _progress_bar() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps"),
+        TimeElapsedColumn(),
+    )
+
+
+__all__ = ["SYSTEMS", "System", "Simulation", "generate", "split_counts"]
