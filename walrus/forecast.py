@@ -1,0 +1,186 @@
+"""Autoregressive forecasting: one-step prediction and the rollout generator.
+
+The model sees a normalised window of past frames and predicts, for its last frame, either the
+normalised delta to the next frame (``predict_delta=True``, the Walrus default) or the normalised
+next frame itself. ``predict_next`` maps that back to physical units; ``rollout`` repeats it,
+feeding each prediction back into a sliding window of fixed length.
+
+Model interface: ``model(x (B, T, C, *spatial), fields (C,) long, bcs (n_spatial, 2) long, *,
+jitter_seed=None) -> (B, T', C, *spatial)`` with ``T' = T`` (causal) or ``T' = 1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from walrus.data.batch import Batch
+from walrus.data.normalization import RMSNormalizer, ZScoreNormalizer
+
+Normalizer = RMSNormalizer | ZScoreNormalizer
+
+
+class RolloutDivergedError(ValueError):
+    """A rollout prediction held NaN or Inf.
+
+    Attributes:
+        step: 1-based rollout step whose prediction was not finite.
+        fields: names of the fields with non-finite values.
+    """
+
+    def __init__(self, step: int, fields: Sequence[str]) -> None:
+        self.step = step
+        self.fields = list(fields)
+        super().__init__(
+            f"rollout diverged at step {step}: non-finite values (NaN/Inf) in fields {self.fields}"
+        )
+
+
+def predict_next(
+    model: nn.Module,
+    window: Tensor,
+    field_ids: Tensor,
+    bcs: Tensor,
+    *,
+    normalizer: Normalizer | None = None,
+    field_names: Sequence[str] | None = None,
+    predict_delta: bool = True,
+    jitter_seed: int | None = None,
+) -> Tensor:
+    """Predict the frame after ``window``, in physical units.
+
+    Args:
+        model: callable as ``model(x, fields, bcs, *, jitter_seed=None)``.
+        window: ``(B, T, C, *spatial)`` past frames in physical units.
+        field_ids: ``(C,)`` long vocabulary ids.
+        bcs: ``(n_spatial, 2)`` long boundary codes.
+        normalizer: fits the per-sample statistics; ``RMSNormalizer()`` by default.
+        field_names: C names, needed by ``ZScoreNormalizer``.
+        predict_delta: the model predicts the normalised delta to the next frame (True) or the
+            normalised next frame (False).
+        jitter_seed: passed to the model; ``None`` lets the model decide.
+
+    Returns:
+        ``(B, C, *spatial)`` float32 (or wider, following ``window``) next frame.
+    """
+    if window.ndim < 4 or window.ndim > 6:
+        raise ValueError(
+            f"window must be (B, T, C, *spatial) with 1-3 spatial axes, got {tuple(window.shape)}"
+        )
+    normalizer = RMSNormalizer() if normalizer is None else normalizer
+    stats = normalizer.fit(window, field_names)
+    out = model(stats.normalize(window), field_ids, bcs, jitter_seed=jitter_seed)
+    if (
+        not isinstance(out, Tensor)
+        or out.ndim != window.ndim
+        or out.shape[0] != window.shape[0]
+        or out.shape[2:] != window.shape[2:]
+        or out.shape[1] < 1
+    ):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            f"model output must be (B, T', C, *spatial) matching the window {tuple(window.shape)} "
+            f"outside the time axis, got {got}"
+        )
+    pred = out[:, -1].to(torch.promote_types(window.dtype, torch.float32))  # (B, C, *spatial)
+    if predict_delta:
+        last = window[:, -1].to(pred.dtype)  # (B, C, *spatial)
+        return last + stats.denormalize_delta(pred.unsqueeze(1)).squeeze(1)
+    return stats.denormalize(pred.unsqueeze(1)).squeeze(1)
+
+
+def _field_names(batch: Batch, field_names: Sequence[str] | None) -> list[str] | None:
+    """Channel names from the argument, else from ``batch.metadata['field_names']``."""
+    n_fields = batch.input_fields.shape[2]
+    names: Any = field_names if field_names is not None else batch.metadata.get("field_names")
+    if names is None:
+        return None
+    names = list(names)
+    if len(names) != n_fields:
+        raise ValueError(f"got {len(names)} field names {names} for {n_fields} channels")
+    return [str(n) for n in names]
+
+
+def rollout(
+    model: nn.Module,
+    batch: Batch,
+    steps: int,
+    *,
+    normalizer: Normalizer | None = None,
+    field_names: Sequence[str] | None = None,
+    predict_delta: bool = True,
+    jitter_seed: int | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    check_finite: bool = True,
+) -> Iterator[Tensor]:
+    """Roll a model out autoregressively from ``batch.input_fields``.
+
+    Each step predicts the next frame from the current window of ``T_in`` frames, yields it, and
+    slides the window (drop the oldest frame, append the prediction). The model runs under
+    ``torch.inference_mode`` (and ``torch.autocast`` when ``autocast_dtype`` is set), entered and
+    left inside each step, so the caller's grad mode is untouched between yields. Only the fixed
+    window stays alive, so memory does not grow with ``steps``. Put the model in ``eval()`` first.
+
+    Args:
+        model: callable as ``model(x, fields, bcs, *, jitter_seed=None)``.
+        batch: ``input_fields (B, T_in, C, *spatial)`` are the initial window; ``output_fields``
+            are not used.
+        steps: number of frames to predict (>= 0).
+        normalizer: ``RMSNormalizer()`` by default, refitted on every window.
+        field_names: C names (for ``ZScoreNormalizer`` and error messages); defaults to
+            ``batch.metadata['field_names']`` when present.
+        predict_delta: see ``predict_next``.
+        jitter_seed: if given, step ``k`` (1-based) uses seed ``jitter_seed + k - 1``, so runs
+            are reproducible; ``None`` passes ``None`` to the model.
+        autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast; the window and
+            the outputs stay float32.
+        check_finite: raise ``RolloutDivergedError`` on the first prediction with NaN/Inf
+            (one host sync per step).
+
+    Yields:
+        ``(B, C, *spatial)`` predicted frame in physical units, detached, a normal (non-inference)
+        tensor on the batch's device.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    names = _field_names(batch, field_names)
+    window = batch.input_fields.detach()  # (B, T_in, C, *spatial)
+    if not window.is_floating_point():
+        raise ValueError(f"input_fields must be floating point, got {window.dtype}")
+    window = window.to(torch.promote_types(window.dtype, torch.float32))
+    device_type = window.device.type
+    for step in range(1, steps + 1):
+        seed = None if jitter_seed is None else jitter_seed + step - 1
+        autocast = (
+            torch.autocast(device_type=device_type, dtype=autocast_dtype)
+            if autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        with torch.inference_mode(), autocast:
+            pred = predict_next(
+                model,
+                window,
+                batch.field_ids,
+                batch.bcs,
+                normalizer=normalizer,
+                field_names=names,
+                predict_delta=predict_delta,
+                jitter_seed=seed,
+            ).to(window.dtype)  # (B, C, *spatial)
+            window = torch.cat([window[:, 1:], pred.unsqueeze(1)], dim=1)  # (B, T_in, C, *sp)
+        if check_finite:
+            _check_finite(pred, step, names)
+        yield pred.clone()
+
+
+def _check_finite(pred: Tensor, step: int, names: Sequence[str] | None) -> None:
+    """Raise ``RolloutDivergedError`` if ``pred`` ``(B, C, *spatial)`` has NaN/Inf."""
+    bad = ~torch.isfinite(pred).transpose(0, 1).flatten(1).all(dim=1)  # (C,)
+    if bool(bad.any()):
+        idx = bad.nonzero().flatten().tolist()
+        labels = [names[i] if names is not None else f"channel {i}" for i in idx]
+        raise RolloutDivergedError(step, labels)
