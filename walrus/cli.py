@@ -1,0 +1,27 @@
+"""Shared command-line plumbing: user errors become one clear message and a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError)
+
+
+def run_cli(fn: Callable[[], Any]) -> Any:
+    """Run ``fn``; on a user error print ``error: ...`` and exit with status 2.
+
+    Set ``WALRUS_TRACEBACK=1`` to see the full traceback instead.
+    """
+    from walrus.training.module import NonFiniteLossError
+
+    try:
+        return fn()
+    except (*USER_ERRORS, NonFiniteLossError) as e:
+        if os.environ.get("WALRUS_TRACEBACK"):
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"error: {msg}", file=sys.stderr)
+        sys.exit(2)
