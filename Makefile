@@ -28,5 +28,25 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
+# Demo: data -> train experiment=quickstart -> roll out on the test split. Knobs for a quick
+# plumbing check: DEMO_DATA_ARGS (generator flags), DEMO_ARGS (train overrides),
+# DEMO_INFER_ARGS (infer overrides), DEMO_DATA, DEMO_DIR.
+DEMO_DATA ?= data
+DEMO_DIR ?= outputs/demo
+DEMO_DATA_ARGS ?=
+DEMO_ARGS ?=
+DEMO_INFER_ARGS ?=
+
+demo: install
+	test -d $(DEMO_DATA)/navier_stokes_2d/data || \
+		$(PY) -m walrus.data.synthetic navier_stokes_2d --out $(DEMO_DATA) $(DEMO_DATA_ARGS)
+	rm -rf $(DEMO_DIR)
+	$(PY) train.py experiment=quickstart paths.data_dir=$(DEMO_DATA) \
+		paths.output_dir=$(DEMO_DIR) $(DEMO_ARGS)
+	$(PY) infer.py rollout ckpt_path=$(DEMO_DIR)/checkpoints/last.ckpt split=test \
+		out=$(DEMO_DIR)/rollout $(DEMO_INFER_ARGS)
+	@echo "demo done: plots and metrics in $(DEMO_DIR)/rollout" \
+		"(metrics.json, vrmse.png, snapshots.png, rollout.gif or .mp4, predictions.hdf5)"
+
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

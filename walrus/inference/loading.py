@@ -1,0 +1,250 @@
+"""Set-up shared by the inference commands: options, checkpoint, data selection, trainer.
+
+Everything here validates its input and raises ``ValueError`` / ``FileNotFoundError`` with the
+option, file or field at fault before any model compute starts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from walrus.data.datamodule import _parse_specs
+from walrus.data.vocab import FieldVocabulary
+from walrus.data.well import WellDataset, WellFile, list_split_files
+from walrus.training.checkpoint import (
+    build_model,
+    load_checkpoint_file,
+    load_weights_strict,
+    model_state_dict,
+    walrus_meta,
+)
+
+SPLITS = ("train", "valid", "test")
+# data config keys inference reads; the rest of a training data config is ignored
+DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride")
+
+
+@dataclass
+class InferenceCheckpoint:
+    """A model rebuilt from a walrus checkpoint with what inference needs from its metadata.
+
+    Attributes:
+        path: the checkpoint file.
+        model: the model, in eval mode, on the CPU.
+        vocab: the field vocabulary the model was trained with.
+        predict_delta: whether the model predicts normalised frame deltas.
+        data_config: the training run's resolved data config (empty when not stored).
+    """
+
+    path: Path
+    model: nn.Module
+    vocab: FieldVocabulary
+    predict_delta: bool
+    data_config: dict[str, Any] = field(default_factory=dict)
+
+
+def require(cfg: DictConfig, key: str, hint: str) -> Any:
+    """``cfg[key]``; a missing (``???``) or null value is a ValueError with ``hint``."""
+    if OmegaConf.is_missing(cfg, key) or cfg.get(key) is None:
+        raise ValueError(f"option {key} is required: {hint}")
+    return cfg[key]
+
+
+def load_inference_checkpoint(path: str | os.PathLike) -> InferenceCheckpoint:
+    """Rebuild the model, its vocabulary and its training facts from a checkpoint alone."""
+    path = Path(path)
+    ckpt = load_checkpoint_file(path)
+    meta = walrus_meta(ckpt, path)
+    model = build_model(meta["model_config"])
+    load_weights_strict(model, model_state_dict(ckpt), str(path))
+    data_config = meta.get("data_config") or {}
+    if not isinstance(data_config, Mapping):
+        raise ValueError(f"checkpoint {path}: its data_config is a {type(data_config).__name__}")
+    return InferenceCheckpoint(
+        path=path,
+        model=model.eval(),
+        vocab=FieldVocabulary.from_dict(meta["vocab"]),
+        predict_delta=bool(meta.get("predict_delta", True)),
+        data_config=dict(data_config),
+    )
+
+
+def resolve_data_config(override: Mapping[str, Any] | None, ckpt: InferenceCheckpoint) -> dict:
+    """The checkpoint's training data config, with every non-null key of ``override`` on top.
+
+    Raises:
+        ValueError: neither names a data root and datasets.
+    """
+    data = {k: v for k, v in ckpt.data_config.items() if k in DATA_KEYS}
+    data.update({k: v for k, v in (override or {}).items() if k in DATA_KEYS and v is not None})
+    if not data.get("root") or not data.get("datasets"):
+        raise ValueError(
+            f"checkpoint {ckpt.path} stores no data config to read from; pass data.root=... and "
+            "data.datasets=[...] (or data=<config name>, e.g. data=navier_stokes_2d)"
+        )
+    data.setdefault("n_steps_input", 4)
+    data.setdefault("time_stride", 1)
+    stride = data["time_stride"]
+    data["time_stride"] = int(stride if isinstance(stride, int) else list(stride)[0])
+    if int(data["n_steps_input"]) < 1 or data["time_stride"] < 1:
+        raise ValueError(
+            f"data.n_steps_input and data.time_stride must be >= 1, got "
+            f"{data['n_steps_input']} and {data['time_stride']}"
+        )
+    data["n_steps_input"] = int(data["n_steps_input"])
+    return data
+
+
+def open_datasets(
+    data: Mapping[str, Any],
+    split: str,
+    ckpt: InferenceCheckpoint,
+    n_steps_output: int = 0,
+) -> list[WellDataset]:
+    """Open each dataset's split, checking that the checkpoint knows every one of its fields.
+
+    Args:
+        data: resolved data config (``root``, ``datasets``, ``n_steps_input``, ``time_stride``).
+        split: ``train``, ``valid`` or ``test``.
+        ckpt: the loaded checkpoint (its vocabulary gives the field ids).
+        n_steps_output: target frames per window (0 for whole-trajectory rollouts).
+
+    Raises:
+        ValueError: unknown split, or fields the checkpoint has never seen (with how to fine-tune).
+        FileNotFoundError: missing data folders or files.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    root = Path(str(data["root"]))
+    specs = _parse_specs(_plain(data["datasets"]))
+    out = []
+    for spec in specs:
+        wf = WellFile(list_split_files(root, spec.name, split)[0])
+        names = [fi.components[c] for fi, comps in wf.select(spec.fields) for c in comps]
+        unknown = [n for n in names if n not in ckpt.vocab]
+        if unknown:
+            raise ValueError(
+                f"dataset {spec.name!r} has fields {unknown} that checkpoint {ckpt.path} was "
+                f"never trained on (it knows {ckpt.vocab.names}). Fine-tune it on this data "
+                f"first, which adds the new fields: python train.py experiment=finetune "
+                f"init_from={ckpt.path} data.root={root} data.datasets=[{spec.name}] ; then "
+                "run inference with the fine-tuned checkpoint"
+            )
+        out.append(
+            WellDataset(
+                root,
+                spec.name,
+                split,
+                n_steps_input=data["n_steps_input"],
+                n_steps_output=n_steps_output,
+                time_stride=data["time_stride"],
+                vocab=ckpt.vocab,
+                fields=spec.fields,
+            )
+        )
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def positive_int(cfg: DictConfig, key: str, *, allow_null: bool = False, minimum: int = 1) -> int:
+    """``cfg[key]`` as an int >= ``minimum`` (``None`` passes when ``allow_null``)."""
+    value = cfg.get(key)
+    if value is None and allow_null:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"option {key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def select_trajectories(selection: Any, n_trajectories: int, dataset: str) -> list[int]:
+    """Trajectory indices from ``all``, one index or a list of them, checked against the split."""
+    selection = _plain(selection)
+    if selection == "all":
+        return list(range(n_trajectories))
+    items = [selection] if isinstance(selection, int) else selection
+    if (
+        not isinstance(items, Sequence)
+        or isinstance(items, str)
+        or not items
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in items)
+    ):
+        raise ValueError(
+            f"option trajectories must be 'all', an index or a list of indices, got {selection!r}"
+        )
+    bad = [i for i in items if not 0 <= i < n_trajectories]
+    if bad:
+        raise ValueError(
+            f"trajectories {bad} out of range: dataset {dataset!r} has {n_trajectories} "
+            f"trajectories in this split (0..{n_trajectories - 1})"
+        )
+    if len(set(items)) != len(items):
+        raise ValueError(f"option trajectories lists an index twice: {items}")
+    return list(items)
+
+
+def build_trainer(cfg: DictConfig) -> pl.Trainer:
+    """A Lightning trainer from ``cfg.trainer`` for predict/test: no logger, no checkpoints.
+
+    Samples are sharded over ranks by the inference data module itself, so Lightning's
+    distributed sampler is switched off.
+    """
+    return instantiate(
+        cfg.trainer,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        use_distributed_sampler=False,
+        callbacks=[],
+    )
+
+
+@dataclass
+class Prepared:
+    """Validated options, the loaded checkpoint and the opened datasets of one command."""
+
+    ckpt: InferenceCheckpoint
+    data: dict[str, Any]
+    datasets: list[WellDataset]
+    out: Path
+    batch_size: int
+    jitter_seed: int | None
+    autocast_dtype: torch.dtype | None
+
+
+def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
+    """Check the options shared by every command, load the checkpoint and open the data."""
+    ckpt_path = require(cfg, "ckpt_path", "pass ckpt_path=PATH/TO/checkpoints/last.ckpt")
+    out = Path(str(require(cfg, "out", "pass out=DIR for the result files")))
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"option out={out} is a file, expected a directory")
+    batch_size = positive_int(cfg, "batch_size")
+    seed = positive_int(cfg, "seed", minimum=0)
+    for key in ("jitter", "bf16"):
+        if not isinstance(cfg.get(key), bool):
+            raise ValueError(f"option {key} must be true or false, got {cfg.get(key)!r}")
+    pl.seed_everything(seed, verbose=False)
+    ckpt = load_inference_checkpoint(ckpt_path)
+    data = resolve_data_config(_plain(cfg.get("data")), ckpt)
+    datasets = open_datasets(data, str(cfg.split), ckpt, n_steps_output=n_steps_output)
+    return Prepared(
+        ckpt=ckpt,
+        data=data,
+        datasets=datasets,
+        out=out,
+        batch_size=batch_size,
+        jitter_seed=seed if cfg.jitter else None,
+        autocast_dtype=torch.bfloat16 if cfg.bf16 else None,
+    )

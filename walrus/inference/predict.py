@@ -1,0 +1,221 @@
+"""``run_rollout(cfg)``: roll a checkpoint out over trajectories and report how far it stays right.
+
+Frames of a trajectory are counted at the data's time stride. The model gets frames
+``start .. start + n_steps_input - 1`` as context and predicts the following ``steps`` frames
+autoregressively; each is scored against the ground truth, and so is persistence (the last
+context frame repeated).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from walrus.data.batch import Batch
+from walrus.data.well import WellDataset
+from walrus.inference.loading import build_trainer, positive_int, prepare, select_trajectories
+from walrus.inference.report import (
+    format_rollout_table,
+    frames_available,
+    write_json_atomic,
+    write_predictions,
+)
+from walrus.inference.rollout_module import (
+    DatasetPlan,
+    JobDataModule,
+    JobDataset,
+    RolloutModule,
+    make_jobs,
+)
+
+
+def load_rollout_sample(
+    ds: WellDataset, index: int, *, start: int, n_steps_input: int, steps: int, stride: int
+) -> Batch:
+    """Trajectory ``index`` as a rollout sample.
+
+    Returns:
+        ``Batch`` with ``input_fields (1, n_steps_input, C, *sp)`` (frames ``start ..``) and
+        ``output_fields (1, steps, C, *sp)`` (the frames to predict).
+    """
+    traj = ds.trajectory(index, stride=stride, n_frames=start + n_steps_input + steps)
+    frames = torch.cat([traj.input_fields, traj.output_fields], dim=1)  # (1, T, C, *sp)
+    return Batch(
+        input_fields=frames[:, start : start + n_steps_input],
+        output_fields=frames[:, start + n_steps_input :],
+        field_ids=traj.field_ids,
+        bcs=traj.bcs,
+        metadata={**traj.metadata, "start": torch.tensor([start])},
+    )
+
+
+def run_rollout(cfg: DictConfig) -> dict[str, Any]:
+    """Roll out every selected trajectory, then write metrics, predictions and plots.
+
+    Options (``configs/infer.yaml``): ``ckpt_path``, ``data``, ``split``, ``trajectories``,
+    ``start``, ``steps``, ``batch_size``, ``jitter``, ``seed``, ``bf16``, ``save_predictions``,
+    ``plots``, ``progress``, ``out``, ``trainer``.
+
+    Returns:
+        On global rank 0: ``{"metrics": <metrics.json content>, "files": [written paths],
+        "notes": [messages]}``; on other ranks an empty dict.
+    """
+    steps = positive_int(cfg, "steps", allow_null=True)
+    start = positive_int(cfg, "start", minimum=0)
+    prep = prepare(cfg, n_steps_output=0)
+    n_in, stride = prep.data["n_steps_input"], prep.data["time_stride"]
+
+    plans: dict[str, DatasetPlan] = {}
+    selected: dict[str, list[int]] = {}
+    notes: list[str] = []
+    for ds in prep.datasets:
+        sel = select_trajectories(cfg.trajectories, ds.n_trajectories, ds.dataset)
+        lengths = {i: frames_available(ds, i, stride) for i in sel}
+        shortest = min(sel, key=lambda i: lengths[i])
+        avail = lengths[shortest] - start - n_in
+        if avail < 1:
+            raise ValueError(
+                f"dataset {ds.dataset!r}: trajectory {shortest} has {lengths[shortest]} frames at "
+                f"time stride {stride}; start={start} plus {n_in} context frames leaves nothing "
+                "to predict; lower start"
+            )
+        n_steps = avail if steps is None else min(steps, avail)
+        if steps is not None and steps > avail:
+            notes.append(
+                f"{ds.dataset}: asked for {steps} steps, but the ground truth ends after {avail} "
+                f"(trajectory {shortest} has {lengths[shortest]} frames, start={start}, {n_in} "
+                f"context frames); rolled out {avail} steps"
+            )
+        plans[ds.dataset] = DatasetPlan(ds.dataset, tuple(ds.field_names), n_steps)
+        selected[ds.dataset] = sel
+
+    jobs = make_jobs(selected, prep.batch_size)
+    loaders = {
+        ds.dataset: partial(
+            load_rollout_sample,
+            ds,
+            start=start,
+            n_steps_input=n_in,
+            steps=plans[ds.dataset].steps,
+            stride=stride,
+        )
+        for ds in prep.datasets
+    }
+    module = RolloutModule(
+        prep.ckpt.model,
+        plans,
+        predict_delta=prep.ckpt.predict_delta,
+        jitter_seed=prep.jitter_seed,
+        autocast_dtype=prep.autocast_dtype,
+        keep_predictions=bool(cfg.save_predictions or cfg.plots),
+        progress=bool(cfg.progress),
+        job_steps=[plans[name].steps for name, _ in jobs],
+    )
+    trainer = build_trainer(cfg)
+    trainer.predict(
+        module, datamodule=JobDataModule(JobDataset(jobs, loaders)), return_predictions=False
+    )
+    module.gather()
+    if not trainer.is_global_zero:
+        return {}
+
+    for d in module.diverged:
+        notes.append(
+            f"{d['dataset']}: trajectories {d['trajectories']} diverged at step {d['step']} "
+            f"(NaN/Inf in {d['fields']}); kept the {d['step'] - 1} steps before it"
+        )
+    report: dict[str, Any] = {
+        "command": "rollout",
+        "checkpoint": str(prep.ckpt.path),
+        "split": str(cfg.split),
+        "start": start,
+        "steps_requested": steps,
+        "n_steps_input": n_in,
+        "time_stride": stride,
+        "predict_delta": prep.ckpt.predict_delta,
+        "jitter_seed": prep.jitter_seed,
+        "bf16": prep.autocast_dtype is not None,
+        "notes": notes,
+        "datasets": {},
+    }
+    many = len(prep.datasets) > 1
+    for ds in prep.datasets:
+        name = ds.dataset
+        report["datasets"][name] = {
+            "trajectories": selected[name],
+            "steps": plans[name].steps,
+            "diverged": [d for d in module.diverged if d["dataset"] == name],
+            "files_dir": str(prep.out / name if many else prep.out),
+            "metrics": module.metrics[name].to_dict(),
+        }
+    files = [write_json_atomic(prep.out / "metrics.json", report)]
+    for ds in prep.datasets:
+        files += _write_dataset_files(
+            cfg, ds, module, report, selected[ds.dataset], start, n_in, stride, notes
+        )
+    if notes:
+        write_json_atomic(prep.out / "metrics.json", report)
+    for note in notes:
+        print(f"note: {note}")
+    for name, entry in report["datasets"].items():
+        if entry["metrics"]["steps"]:
+            print(format_rollout_table(name, entry["metrics"]))
+    print(f"wrote {', '.join(str(f) for f in files)}")
+    return {"metrics": report, "files": files, "notes": notes}
+
+
+def _write_dataset_files(
+    cfg: DictConfig,
+    ds: WellDataset,
+    module: RolloutModule,
+    report: dict[str, Any],
+    sel: list[int],
+    start: int,
+    n_in: int,
+    stride: int,
+    notes: list[str],
+) -> list[Path]:
+    """predictions.hdf5 and the plots of one dataset; appends to ``notes`` what was skipped."""
+    from walrus.viz import plot_error_curves, plot_snapshots, write_animation
+
+    name = ds.dataset
+    entry = report["datasets"][name]
+    out = Path(entry["files_dir"])
+    files: list[Path] = []
+    preds = [module.predictions[(name, i)] for i in sel] if module.keep_predictions else []
+    done = min((p.shape[0] for p in preds), default=0)
+    if cfg.save_predictions:
+        if done >= 1:
+            files.append(
+                write_predictions(
+                    out / "predictions.hdf5",
+                    ds,
+                    [p[:done] for p in preds],
+                    sel[0],
+                    start + n_in,
+                    stride,
+                )
+            )
+            entry["predictions"] = {"file": "predictions.hdf5", "trajectories": sel, "steps": done}
+            if done < entry["steps"]:
+                notes.append(
+                    f"{name}: predictions.hdf5 holds the first {done} steps, the ones every "
+                    "selected trajectory completed"
+                )
+        else:
+            notes.append(f"{name}: no finite prediction to store; predictions.hdf5 not written")
+    if not cfg.plots or not entry["metrics"]["steps"]:
+        return files
+    files.append(plot_error_curves(entry["metrics"], out / "vrmse.png", "vrmse"))
+    pred = preds[0]  # (S_done, C, *sp) of the first selected trajectory
+    if pred.shape[0] >= 1:
+        truth = load_rollout_sample(
+            ds, sel[0], start=start, n_steps_input=n_in, steps=pred.shape[0], stride=stride
+        ).output_fields[0]  # (S_done, C, *sp)
+        files.append(plot_snapshots(truth, pred, ds.field_names, None, out / "snapshots.png"))
+        files.append(write_animation(truth, pred, ds.field_names, out / "rollout"))
+    return files

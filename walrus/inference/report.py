@@ -1,0 +1,167 @@
+"""What inference leaves behind: metrics.json, predictions.hdf5, plots, and a printed table.
+
+Every file is written to a temporary name in its folder and renamed into place, so an
+interrupted run never leaves a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from walrus.bcs import BoundaryType
+from walrus.data.well import WellDataset
+from walrus.data.writer import write_well_file
+from walrus.metrics import METRICS
+
+METRIC_LABELS = {"vrmse": "VRMSE", "nrmse": "NRMSE", "spectral": "spectral"}
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` as indented JSON via a temporary file and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def locate_trajectory(ds: WellDataset, index: int) -> tuple[int, int]:
+    """``(file index, trajectory within that file)`` of split-wide trajectory ``index``."""
+    offset = 0
+    for k, wf in enumerate(ds.files):
+        if index < offset + wf.n_trajectories:
+            return k, index - offset
+        offset += wf.n_trajectories
+    raise IndexError(f"trajectory {index} out of range for {offset} trajectories")
+
+
+def frames_available(ds: WellDataset, index: int, stride: int) -> int:
+    """Frames of trajectory ``index`` at time stride ``stride``."""
+    k, _ = locate_trajectory(ds, index)
+    return (ds.files[k].n_time - 1) // stride + 1
+
+
+def write_predictions(
+    path: str | os.PathLike,
+    ds: WellDataset,
+    predictions: Sequence[np.ndarray],
+    trajectory: int,
+    first_frame: int,
+    stride: int,
+) -> Path:
+    """Write predicted frames as a Well file: one trajectory per prediction, one t0 field per channel.
+
+    Args:
+        path: the ``.hdf5`` file.
+        ds: the dataset rolled out (gives coordinates, boundaries and times).
+        predictions: per trajectory ``(S, C, *spatial)``; all with the same ``S >= 1``.
+        trajectory: trajectory whose time axis labels the frames.
+        first_frame: strided frame index of the first prediction in that trajectory.
+        stride: time stride of the rollout.
+
+    Returns:
+        The written path. Channels are stored under their flattened names (``velocity_x``),
+        which the reader returns unchanged.
+    """
+    arr = np.stack([np.asarray(p, dtype=np.float32) for p in predictions])  # (N, S, C, *sp)
+    k, local = locate_trajectory(ds, trajectory)
+    wf = ds.files[k]
+    times = wf.time if wf.time.ndim == 1 else wf.time[local]
+    n_steps = arr.shape[1]
+    t_index = (first_frame + np.arange(n_steps)) * stride
+    t_index = np.minimum(t_index, times.shape[0] - 1)
+    bcs = {
+        axis: (BoundaryType(int(lo)), BoundaryType(int(hi)))
+        for axis, (lo, hi) in zip(wf.spatial_dims, ds.bcs.tolist())
+    }
+    return write_well_file(
+        path,
+        ds.dataset,
+        coords={a: wf.coords[a] for a in wf.spatial_dims},
+        time=np.asarray(times)[t_index],
+        n_trajectories=arr.shape[0],
+        fields={name: arr[:, :, c] for c, name in enumerate(ds.field_names)},
+        bcs=bcs,
+    )
+
+
+def _fmt(value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "nan"
+    return f"{value:.4g}"
+
+
+def format_rollout_table(name: str, metrics: Mapping[str, Any]) -> str:
+    """Windowed errors, mean over fields, model against persistence, as aligned text.
+
+    Args:
+        name: dataset name (title line).
+        metrics: ``RolloutMetrics.to_dict()``.
+    """
+    windows = list(metrics["model"]["vrmse"]["mean_over_fields"]["windows"])
+    head = ["steps"] + [
+        f"{METRIC_LABELS[m]} {src}" for m in METRICS for src in ("model", "persist.")
+    ]
+    rows = [
+        [w]
+        + [
+            _fmt(metrics[src][m]["mean_over_fields"]["windows"][w])
+            for m in METRICS
+            for src in ("model", "persistence")
+        ]
+        for w in windows
+    ]
+    title = f"{name}: {metrics['steps']} steps, mean over fields {metrics['fields']}"
+    return _table(title, head, rows)
+
+
+def format_evaluate_table(name: str, metrics: Mapping[str, Any], n_windows: int) -> str:
+    """One-step errors per field and their mean, model against persistence, as aligned text."""
+    head = ["field"] + [
+        f"{METRIC_LABELS[m]} {src}" for m in METRICS for src in ("model", "persist.")
+    ]
+    rows = []
+    for field in [*metrics["fields"], "mean"]:
+        row = [field]
+        for m in METRICS:
+            for src in ("model", "persistence"):
+                entry = metrics[src][m]
+                values = (
+                    entry["mean_over_fields"]["per_step"]
+                    if field == "mean"
+                    else entry["per_step"][field]
+                )
+                row.append(_fmt(values[0]) if values else "n/a")
+        rows.append(row)
+    return _table(f"{name}: one-step errors over {n_windows} windows", head, rows)
+
+
+def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = "  ".join
+    out = [title, line(h.rjust(w) for h, w in zip(head, widths))]
+    out.append(line("-" * w for w in widths))
+    out += [line(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(out)

@@ -1,0 +1,261 @@
+"""Lightning pieces of inference: a module whose predict/test steps call ``walrus.rollout``.
+
+``Trainer.predict`` rolls out whole trajectories (``predict_step``); ``Trainer.test`` scores
+one-step predictions of windows (``test_step``). Work is cut into jobs (a batch of trajectories
+or windows of one dataset); job ``j`` runs on rank ``j % world_size``, so with ``trainer=ddp``
+the trajectories spread over the processes. ``RolloutModule.gather`` then sums the metrics over
+ranks and collects predictions on every rank.
+
+Shape legend: B trajectories or windows, T frames, S rollout steps, C fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from walrus.data.batch import Batch, collate
+from walrus.data.normalization import RMSNormalizer
+from walrus.forecast import Normalizer, RolloutDivergedError, rollout
+from walrus.metrics import RolloutMetrics
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    """What one dataset contributes: its channel names and the number of steps scored."""
+
+    name: str
+    field_names: tuple[str, ...]
+    steps: int
+
+
+class JobDataset(Dataset):
+    """Job ``j`` is one batch: ``collate([load[dataset](i) for i in indices])``.
+
+    Args:
+        jobs: ``(dataset name, sample indices)`` per job.
+        load: dataset name -> function returning the ``Batch`` (B=1) of one sample index.
+    """
+
+    def __init__(
+        self, jobs: Sequence[tuple[str, Sequence[int]]], load: Mapping[str, Callable[[int], Batch]]
+    ) -> None:
+        self.jobs = [(name, list(idx)) for name, idx in jobs]
+        self.load = dict(load)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __getitem__(self, j: int) -> Batch:
+        name, indices = self.jobs[j]
+        return collate([self.load[name](i) for i in indices])
+
+
+def make_jobs(indices: Mapping[str, Sequence[int]], batch_size: int) -> list[tuple[str, list[int]]]:
+    """Cut each dataset's sample indices into batches of at most ``batch_size``."""
+    return [
+        (name, list(idx[i : i + batch_size]))
+        for name, idx in indices.items()
+        for i in range(0, len(idx), batch_size)
+    ]
+
+
+def _as_is(batch: Batch) -> Batch:
+    """Collate function for jobs that are already batches."""
+    return batch
+
+
+class JobDataModule(pl.LightningDataModule):
+    """Serves this rank's share of the jobs (``j % world_size == rank``), in order, to predict and test."""
+
+    def __init__(self, jobs: JobDataset) -> None:
+        super().__init__()
+        self.jobs = jobs
+
+    def _loader(self) -> DataLoader:
+        world, rank = (
+            (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        )
+        mine = Subset(self.jobs, list(range(rank, len(self.jobs), world)))
+        return DataLoader(mine, batch_size=None, shuffle=False, collate_fn=_as_is)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader()
+
+
+class RolloutModule(pl.LightningModule):
+    """Rolls a model out (predict) or scores its next-frame prediction (test), with metrics.
+
+    Args:
+        model: a walrus model (``model(x, fields, bcs, *, jitter_seed=None)``).
+        plans: dataset name -> ``DatasetPlan``; ``steps`` sizes the metric accumulators.
+        predict_delta: the checkpoint's ``predict_delta``.
+        normalizer: per-window normaliser (``RMSNormalizer()`` as in training by default).
+        jitter_seed: ``None`` turns patch jitter off; an int makes it on and reproducible.
+        autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast.
+        keep_predictions: keep every predicted frame (on the CPU) for ``predictions.hdf5``.
+        progress: show a progress bar of rollout steps (rank 0 only).
+        job_steps: rollout steps of each job, in job order (sizes the progress bar).
+
+    Attributes (after a run and ``gather``):
+        metrics: dataset name -> ``RolloutMetrics``.
+        predictions: ``(dataset, trajectory)`` -> ``(S_done, C, *spatial)`` float32 array.
+        diverged: one record per batch that hit NaN/Inf: dataset, trajectories, step, fields.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        plans: Mapping[str, DatasetPlan],
+        *,
+        predict_delta: bool = True,
+        normalizer: Normalizer | None = None,
+        jitter_seed: int | None = None,
+        autocast_dtype: torch.dtype | None = None,
+        keep_predictions: bool = True,
+        progress: bool = False,
+        job_steps: Sequence[int] = (),
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.plans = dict(plans)
+        self.predict_delta = predict_delta
+        self.normalizer = normalizer if normalizer is not None else RMSNormalizer()
+        self.jitter_seed = jitter_seed
+        self.autocast_dtype = autocast_dtype
+        self.keep_predictions = keep_predictions
+        self.progress = progress
+        self.job_steps = list(job_steps)
+        self._bar: Progress | None = None
+        self._task: Any = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.metrics = {
+            name: RolloutMetrics(plan.field_names, plan.steps, device=self.device)
+            for name, plan in self.plans.items()
+        }
+        self.predictions: dict[tuple[str, int], np.ndarray] = {}
+        self.diverged: list[dict[str, Any]] = []
+
+    def _rollout(self, batch: Batch, steps: int) -> Any:
+        return rollout(
+            self.model,
+            batch,
+            steps,
+            normalizer=self.normalizer,
+            predict_delta=self.predict_delta,
+            jitter_seed=self.jitter_seed,
+            autocast_dtype=self.autocast_dtype,
+        )
+
+    def _start(self, total: int | None) -> None:
+        self.model.eval()
+        self._reset()
+        if self.progress and self.trainer.is_global_zero and total:
+            self._bar = Progress(
+                TextColumn("rollout steps"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            self._task = self._bar.add_task("rollout", total=total)
+            self._bar.start()
+
+    def _stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def on_predict_start(self) -> None:
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        self._start(sum(self.job_steps[rank::world]))
+
+    def on_predict_end(self) -> None:
+        self._stop()
+
+    def on_test_start(self) -> None:
+        self._start(None)
+
+    def _record_divergence(self, batch: Batch, err: RolloutDivergedError) -> None:
+        self.diverged.append(
+            {
+                "dataset": batch.metadata["dataset"],
+                "trajectories": [int(i) for i in batch.metadata["trajectory"].tolist()],
+                "start": [int(i) for i in batch.metadata["start"].tolist()],
+                "step": err.step,
+                "fields": list(err.fields),
+            }
+        )
+
+    def predict_step(self, batch: Batch, batch_idx: int) -> int:
+        """Roll the batch's trajectories out for every target frame it holds, scoring each step.
+
+        Returns:
+            The number of steps completed before the end or a NaN/Inf.
+        """
+        name = batch.metadata["dataset"]
+        metrics = self.metrics[name]
+        steps = batch.output_fields.shape[1]
+        last = batch.input_fields[:, -1]  # (B, C, *sp) persistence prediction
+        frames: list[torch.Tensor] = []
+        done = 0
+        try:
+            for step, pred in enumerate(self._rollout(batch, steps), start=1):  # (B, C, *sp)
+                metrics.update(step, pred, batch.output_fields[:, step - 1], last)
+                if self.keep_predictions:
+                    frames.append(pred.float().cpu())
+                done = step
+                if self._bar is not None:
+                    self._bar.advance(self._task)
+        except RolloutDivergedError as err:
+            self._record_divergence(batch, err)
+            if self._bar is not None:
+                self._bar.advance(self._task, steps - done)
+        if self.keep_predictions:
+            stacked = (
+                torch.stack(frames, dim=1)  # (B, S_done, C, *sp)
+                if frames
+                else batch.output_fields[:, :0].float().cpu()
+            )
+            for b, traj in enumerate(batch.metadata["trajectory"].tolist()):
+                self.predictions[(name, int(traj))] = stacked[b].numpy()
+        return done
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        """Score the one-step prediction of each window against its target frame."""
+        name = batch.metadata["dataset"]
+        try:
+            pred = next(iter(self._rollout(batch, 1)))  # (B, C, *sp)
+        except RolloutDivergedError as err:
+            self._record_divergence(batch, err)
+            return
+        self.metrics[name].update(1, pred, batch.output_fields[:, 0], batch.input_fields[:, -1])
+
+    def gather(self) -> None:
+        """Sum the metrics over all ranks and give every rank all predictions and divergences.
+
+        Call on every rank after ``Trainer.predict``/``Trainer.test`` (a no-op in one process).
+        """
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return
+        for name in sorted(self.metrics):
+            self.metrics[name].all_reduce()
+        gathered: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, (self.predictions, self.diverged))
+        self.predictions, self.diverged = {}, []
+        for preds, diverged in gathered:
+            self.predictions.update(preds)
+            self.diverged.extend(diverged)
+        self.diverged.sort(key=lambda d: (d["dataset"], d["trajectories"]))
