@@ -1,0 +1,49 @@
+"""``python -m walrus.compat convert OFFICIAL.pt OUT.ckpt [--fields F] [--config C] [--trust-pickle]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from walrus.compat.official import convert_file
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 on bad input)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m walrus.compat", description="Use official Walrus weights."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    conv = sub.add_parser("convert", help="convert an official checkpoint into a walrus checkpoint")
+    conv.add_argument("official", help="official checkpoint file (.pt), downloaded by you")
+    conv.add_argument("out", help="walrus checkpoint to write (.ckpt)")
+    conv.add_argument(
+        "--fields",
+        help="YAML: the official field names, one per embedding index (a list, a name: index "
+        "mapping, or the official config with data.field_index_map_override)",
+    )
+    conv.add_argument("--config", help="official config YAML, checked against the weights")
+    conv.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow pickled Python objects in the file (runs code from it; only for trusted files)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        report = convert_file(
+            args.official,
+            args.out,
+            fields=args.fields,
+            config=args.config,
+            trust_pickle=args.trust_pickle,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
