@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format demo clean
+.PHONY: install test test-slow lint format demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ format: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# Also the heavier tests: multi-process inference and the full quickstart accuracy run.
+test-slow: install
+	$(PY) -m pytest -q -m ''
 
 # Demo: data -> train experiment=quickstart -> roll out on the test split. Knobs for a quick
 # plumbing check: DEMO_DATA_ARGS (generator flags), DEMO_ARGS (train overrides),

@@ -39,7 +39,9 @@ def tiny_data_root(tmp_path_factory) -> Path:
     return root
 
 
-def tiny_train_overrides(data_root: Path, out_dir: Path, experiment: str = "quickstart") -> list[str]:
+def tiny_train_overrides(
+    data_root: Path, out_dir: Path, experiment: str = "quickstart"
+) -> list[str]:
     """Overrides that make any experiment a seconds-long CPU run on the tiny datasets."""
     return [
         f"experiment={experiment}",

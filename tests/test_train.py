@@ -42,7 +42,11 @@ def _cli(*args, cwd=REPO, timeout=300):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("WALRUS_TRACEBACK", None)
     return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        [sys.executable, "train.py", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
 
@@ -104,9 +108,16 @@ def test_resume_matches_uninterrupted_run(compose_cfg, tiny_data_root, tmp_path)
     _train(compose_cfg, tiny_data_root, part, *common, stop)
     first = _weights(part / "checkpoints" / "last.ckpt")
     _train(
-        compose_cfg, tiny_data_root, part, *common, f"ckpt_path={part / 'checkpoints' / 'last.ckpt'}"
+        compose_cfg,
+        tiny_data_root,
+        part,
+        *common,
+        f"ckpt_path={part / 'checkpoints' / 'last.ckpt'}",
     )
-    a, b = _weights(full / "checkpoints" / "last.ckpt"), _weights(part / "checkpoints" / "last.ckpt")
+    a, b = (
+        _weights(full / "checkpoints" / "last.ckpt"),
+        _weights(part / "checkpoints" / "last.ckpt"),
+    )
     assert any(not torch.equal(first[k], b[k]) for k in b), "resumed run did not train"
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -120,7 +131,11 @@ def test_finetune_adds_new_fields_and_keeps_old_ones(compose_cfg, tiny_data_root
     src = tmp_path / "pre" / "checkpoints" / "last.ckpt"
     old = _weights(src)
     _train(
-        compose_cfg, tiny_data_root, tmp_path / "ft", f"init_from={src}", "finetune.freeze=processor",
+        compose_cfg,
+        tiny_data_root,
+        tmp_path / "ft",
+        f"init_from={src}",
+        "finetune.freeze=processor",
         experiment="finetune",
     )
     ckpt = load_checkpoint_file(tmp_path / "ft" / "checkpoints" / "last.ckpt")
@@ -134,7 +149,9 @@ def test_finetune_adds_new_fields_and_keeps_old_ones(compose_cfg, tiny_data_root
     assert grown, "no embedding/decoder tensor grew with the vocabulary"
 
 
-def test_wandb_offline_run_leaves_local_directory(compose_cfg, tiny_data_root, tmp_path, monkeypatch):
+def test_wandb_offline_run_leaves_local_directory(
+    compose_cfg, tiny_data_root, tmp_path, monkeypatch
+):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -148,7 +165,9 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(compose_cfg, tiny_da
     from walrus.training.module import NonFiniteLossError
 
     poison = "+callbacks.poison._target_=tests.test_train.PoisonWeightsInSecondEpoch"
-    with pytest.raises(NonFiniteLossError, match=r"global step 2 \(batch 0, dataset 'navier_stokes_2d'"):
+    with pytest.raises(
+        NonFiniteLossError, match=r"global step 2 \(batch 0, dataset 'navier_stokes_2d'"
+    ):
         _train(compose_cfg, tiny_data_root, tmp_path, "trainer.max_epochs=2", poison)
     ckpt = load_checkpoint_file(tmp_path / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == 2
@@ -164,7 +183,12 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(compose_cfg, tiny_da
     ],
 )
 def test_bad_config_gets_clear_message(args, message, tmp_path):
-    r = _cli(*args, f"paths.output_dir={tmp_path}", f"paths.data_dir={tmp_path}/data", "data.generate_if_missing=false")
+    r = _cli(
+        *args,
+        f"paths.output_dir={tmp_path}",
+        f"paths.data_dir={tmp_path}/data",
+        "data.generate_if_missing=false",
+    )
     assert r.returncode != 0
     assert message in r.stderr
     assert "Traceback" not in r.stderr
@@ -172,7 +196,9 @@ def test_bad_config_gets_clear_message(args, message, tmp_path):
 
 def test_missing_data_root_is_reported(tmp_path):
     r = _cli(
-        "experiment=quickstart", f"paths.output_dir={tmp_path}", f"paths.data_dir={tmp_path}/nowhere",
+        "experiment=quickstart",
+        f"paths.output_dir={tmp_path}",
+        f"paths.data_dir={tmp_path}/nowhere",
         "data.generate_if_missing=false",
     )
     assert r.returncode == 2
@@ -197,9 +223,14 @@ def test_incompatible_weights_are_listed(compose_cfg, tiny_data_root, tmp_path):
     ckpt["state_dict"].pop(next(iter(ckpt["state_dict"])))
     ckpt["state_dict"]["model.extra.weight"] = torch.zeros(2)
     torch.save(ckpt, tmp_path / "edited.ckpt")
-    with pytest.raises(ValueError, match=r"missing keys \(1\).*\n.*unexpected keys \(1\): extra.weight"):
+    with pytest.raises(
+        ValueError, match=r"missing keys \(1\).*\n.*unexpected keys \(1\): extra.weight"
+    ):
         _train(
-            compose_cfg, tiny_data_root, tmp_path / "ft", f"init_from={tmp_path / 'edited.ckpt'}",
+            compose_cfg,
+            tiny_data_root,
+            tmp_path / "ft",
+            f"init_from={tmp_path / 'edited.ckpt'}",
             experiment="finetune",
         )
 
@@ -207,7 +238,9 @@ def test_incompatible_weights_are_listed(compose_cfg, tiny_data_root, tmp_path):
 def test_finetune_with_conflicting_fields_is_reported(compose_cfg, tiny_data_root, tmp_path):
     with pytest.raises(ValueError, match="velocity_x"):
         _train(
-            compose_cfg, tiny_data_root, tmp_path,
+            compose_cfg,
+            tiny_data_root,
+            tmp_path,
             "data.datasets=[{name: navier_stokes_2d, fields: [velocity_x, velocity_x]}]",
         )
 
@@ -217,9 +250,15 @@ def test_ddp_two_cpu_processes_shard_data_and_stay_in_sync(tiny_data_root, tmp_p
         o for o in tiny_train_overrides(tiny_data_root, tmp_path) if not o.startswith("trainer=")
     ]
     r = _cli(
-        *overrides, "trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu",
-        "trainer.limit_train_batches=null", "trainer.max_epochs=1", "data.batch_size=1",
-        "callbacks=audit", "callbacks.progress_bar=null",
+        *overrides,
+        "trainer=ddp",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "trainer.limit_train_batches=null",
+        "trainer.max_epochs=1",
+        "data.batch_size=1",
+        "callbacks=audit",
+        "callbacks.progress_bar=null",
     )
     assert r.returncode == 0, r.stderr[-3000:]
     audits = [json.loads((tmp_path / f"audit_rank{i}.json").read_text()) for i in (0, 1)]

@@ -10,32 +10,18 @@ Field arrays are ``(S, C, *spatial)`` (steps, fields, 1-3 spatial axes) numpy ar
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch import Tensor
 
+from walrus.atomic import atomic_path
+
 MAX_FRAMES = 60
-
-
-@contextlib.contextmanager
-def _atomic_target(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path`` (same suffix); rename it onto ``path`` on success."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _new_figure(width: float, height: float) -> Any:
@@ -49,7 +35,7 @@ def _new_figure(width: float, height: float) -> Any:
 
 def _save_figure(fig: Any, path: str | os.PathLike[str], dpi: int) -> Path:
     path = Path(path)
-    with _atomic_target(path) as tmp:
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=dpi)
     return path
 
@@ -258,7 +244,7 @@ def write_animation(
     use_mp4 = shutil.which("ffmpeg") is not None
     path = Path(f"{os.fspath(path_stem)}.{'mp4' if use_mp4 else 'gif'}")
     writer = FFMpegWriter(fps=fps) if use_mp4 else PillowWriter(fps=fps)
-    with _atomic_target(path) as tmp, writer.saving(fig, str(tmp), dpi):
+    with atomic_path(path) as tmp, writer.saving(fig, str(tmp), dpi):
         for i in frames:
             for c, row in enumerate(artists):
                 for art, data in row:

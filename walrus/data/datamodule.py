@@ -154,7 +154,7 @@ class DatasetSpec:
     fields: tuple[str, ...] | None = None
 
 
-def _parse_specs(datasets: Sequence[str | Mapping[str, Any]] | str) -> list[DatasetSpec]:
+def parse_dataset_specs(datasets: Sequence[str | Mapping[str, Any]] | str) -> list[DatasetSpec]:
     if isinstance(datasets, str):
         datasets = [datasets]
     specs = []
@@ -233,7 +233,7 @@ class WellDataModule(L.LightningDataModule):
         if normalization not in ("rms", "zscore"):
             raise ValueError(f"normalization must be 'rms' or 'zscore', got {normalization!r}")
         self.root = Path(root)
-        self.specs = _parse_specs(datasets)
+        self.specs = parse_dataset_specs(datasets)
         self.n_steps_input, self.n_steps_output = n_steps_input, n_steps_output
         self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
         self.time_stride = tuple(time_stride) if not isinstance(time_stride, int) else time_stride
@@ -277,7 +277,7 @@ class WellDataModule(L.LightningDataModule):
             vocab = FieldVocabulary(self.base_vocab.names if self.base_vocab is not None else ())
             for spec in self.specs:
                 wf = WellFile(list_split_files(self.root, spec.name, "train")[0])
-                vocab.add(_channel_names(wf, spec.fields))
+                vocab.add(channel_names(wf, spec.fields))
             self._vocab = vocab
         return self._vocab
 
@@ -392,7 +392,8 @@ class WellDataModule(L.LightningDataModule):
         return self._eval_loader("test")
 
 
-def _channel_names(wf: WellFile, fields: Sequence[str] | None) -> list[str]:
+def channel_names(wf: WellFile, fields: Sequence[str] | None) -> list[str]:
+    """Flattened channel names of ``fields`` (all when ``None``); duplicates are an error."""
     names = [fi.components[c] for fi, comps in wf.select(fields) for c in comps]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from walrus.atomic import write_text_atomic
 from walrus.data.well import WellFile, list_split_files, open_h5
 
 STAT_KEYS = ("mean", "std", "rms", "mean_delta", "std_delta", "rms_delta")
@@ -97,16 +97,7 @@ def write_stats(dataset_dir: str | os.PathLike, split: str = "train") -> Path:
     dataset_dir = Path(dataset_dir)
     stats = compute_stats(dataset_dir, split)
     path = dataset_dir / "stats.yaml"
-    fd, tmp = tempfile.mkstemp(prefix=".stats.", suffix=".yaml", dir=dataset_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(stats, f, sort_keys=False)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
+    return write_text_atomic(path, yaml.safe_dump(stats, sort_keys=False))
 
 
 def load_stats(

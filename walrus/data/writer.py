@@ -17,13 +17,13 @@ drops the time axis, one shared across trajectories drops the trajectory axis.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from walrus.atomic import atomic_path
 from walrus.bcs import BoundaryType
 
 BcSpec = str | int | BoundaryType | tuple[str | int | BoundaryType, str | int | BoundaryType]
@@ -126,81 +126,72 @@ def write_well_file(
     if unknown:
         raise ValueError(f"{path}: boundary conditions for unknown axes {sorted(unknown)}")
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["dataset_name"] = dataset_name
-            f.attrs["n_spatial_dims"] = n_spatial
-            f.attrs["n_trajectories"] = int(n_trajectories)
-            f.attrs["grid_type"] = grid_type
-            params = dict(params or {})
-            f.attrs["simulation_parameters"] = _strings(list(params))
-            for key, value in params.items():
-                f.attrs[key] = value
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs["dataset_name"] = dataset_name
+        f.attrs["n_spatial_dims"] = n_spatial
+        f.attrs["n_trajectories"] = int(n_trajectories)
+        f.attrs["grid_type"] = grid_type
+        params = dict(params or {})
+        f.attrs["simulation_parameters"] = _strings(list(params))
+        for key, value in params.items():
+            f.attrs[key] = value
 
-            dims = f.create_group("dimensions")
-            dims.attrs["spatial_dims"] = _strings(axes)
-            ds = dims.create_dataset("time", data=time.astype(np.float32))
+        dims = f.create_group("dimensions")
+        dims.attrs["spatial_dims"] = _strings(axes)
+        ds = dims.create_dataset("time", data=time.astype(np.float32))
+        ds.attrs["sample_varying"] = False
+        ds.attrs["time_varying"] = True
+        for a in axes:
+            ds = dims.create_dataset(a, data=np.asarray(coords[a], dtype=np.float32))
             ds.attrs["sample_varying"] = False
-            ds.attrs["time_varying"] = True
-            for a in axes:
-                ds = dims.create_dataset(a, data=np.asarray(coords[a], dtype=np.float32))
-                ds.attrs["sample_varying"] = False
-                ds.attrs["time_varying"] = False
+            ds.attrs["time_varying"] = False
 
-            bgroup = f.create_group("boundary_conditions")
-            for i, a in enumerate(axes):
-                spec = bcs.get(a, "periodic")
-                lo, hi = spec if isinstance(spec, tuple | list) else (spec, spec)
-                lo, hi = BoundaryType.parse(lo), BoundaryType.parse(hi)
-                sides = (
-                    [(lo, (True, True))] if lo == hi else [(lo, (True, False)), (hi, (False, True))]
-                )
-                for bc, (at_lo, at_hi) in sides:
-                    suffix = "" if lo == hi else ("_lo" if at_lo else "_hi")
-                    g = bgroup.create_group(f"{a}{suffix}_{bc.name.lower()}")
-                    g.attrs["bc_type"] = bc.name.lower()
-                    g.attrs["associated_dims"] = _strings([a])
-                    g.attrs["associated_fields"] = _strings([])
-                    g.attrs["sample_varying"] = False
-                    g.attrs["time_varying"] = False
-                    mask = np.zeros(spatial[i], dtype=bool)
-                    mask[0], mask[-1] = at_lo, at_hi
-                    g.create_dataset("mask", data=mask)
-                    g.create_dataset("values", data=np.zeros(int(mask.sum()), dtype=np.float32))
+        bgroup = f.create_group("boundary_conditions")
+        for i, a in enumerate(axes):
+            spec = bcs.get(a, "periodic")
+            lo, hi = spec if isinstance(spec, tuple | list) else (spec, spec)
+            lo, hi = BoundaryType.parse(lo), BoundaryType.parse(hi)
+            sides = (
+                [(lo, (True, True))] if lo == hi else [(lo, (True, False)), (hi, (False, True))]
+            )
+            for bc, (at_lo, at_hi) in sides:
+                suffix = "" if lo == hi else ("_lo" if at_lo else "_hi")
+                g = bgroup.create_group(f"{a}{suffix}_{bc.name.lower()}")
+                g.attrs["bc_type"] = bc.name.lower()
+                g.attrs["associated_dims"] = _strings([a])
+                g.attrs["associated_fields"] = _strings([])
+                g.attrs["sample_varying"] = False
+                g.attrs["time_varying"] = False
+                mask = np.zeros(spatial[i], dtype=bool)
+                mask[0], mask[-1] = at_lo, at_hi
+                g.create_dataset("mask", data=mask)
+                g.create_dataset("values", data=np.zeros(int(mask.sum()), dtype=np.float32))
 
-            sgroup = f.create_group("scalars")
-            scalars = dict(scalars or {})
-            sgroup.attrs["field_names"] = _strings(list(scalars))
-            for key, value in scalars.items():
-                value = np.atleast_1d(np.asarray(value, dtype=np.float32))
-                ds = sgroup.create_dataset(key, data=value)
-                ds.attrs["time_varying"] = value.shape[0] == n_time and n_time > 1
-                ds.attrs["sample_varying"] = False
+        sgroup = f.create_group("scalars")
+        scalars = dict(scalars or {})
+        sgroup.attrs["field_names"] = _strings(list(scalars))
+        for key, value in scalars.items():
+            value = np.atleast_1d(np.asarray(value, dtype=np.float32))
+            ds = sgroup.create_dataset(key, data=value)
+            ds.attrs["time_varying"] = value.shape[0] == n_time and n_time > 1
+            ds.attrs["sample_varying"] = False
 
-            for gname, (group, rank) in groups.items():
-                g = f.create_group(gname)
-                g.attrs["field_names"] = _strings(list(group))
-                for name, arr in group.items():
-                    time_varying, sample_varying = varying.get(name, (True, True))
-                    data = np.ascontiguousarray(arr, dtype=np.float32)
-                    # one frame per chunk keeps window reads cheap on large files
-                    chunk = (1,) * (int(sample_varying) + int(time_varying)) + data.shape[
-                        int(sample_varying) + int(time_varying) :
-                    ]
-                    ds = g.create_dataset(name, data=data, chunks=chunk if data.size else None)
-                    ds.attrs["time_varying"] = bool(time_varying)
-                    ds.attrs["sample_varying"] = bool(sample_varying)
-                    ds.attrs["dim_varying"] = np.ones(n_spatial, dtype=bool)
-                    if rank == 2:
-                        sym = bool((symmetric or {}).get(name, False))
-                        ds.attrs["symmetric"] = sym
-                        ds.attrs["antisymmetric"] = False
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+        for gname, (group, rank) in groups.items():
+            g = f.create_group(gname)
+            g.attrs["field_names"] = _strings(list(group))
+            for name, arr in group.items():
+                time_varying, sample_varying = varying.get(name, (True, True))
+                data = np.ascontiguousarray(arr, dtype=np.float32)
+                # one frame per chunk keeps window reads cheap on large files
+                chunk = (1,) * (int(sample_varying) + int(time_varying)) + data.shape[
+                    int(sample_varying) + int(time_varying) :
+                ]
+                ds = g.create_dataset(name, data=data, chunks=chunk if data.size else None)
+                ds.attrs["time_varying"] = bool(time_varying)
+                ds.attrs["sample_varying"] = bool(sample_varying)
+                ds.attrs["dim_varying"] = np.ones(n_spatial, dtype=bool)
+                if rank == 2:
+                    sym = bool((symmetric or {}).get(name, False))
+                    ds.attrs["symmetric"] = sym
+                    ds.attrs["antisymmetric"] = False
     return path

@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from walrus.data.datamodule import _parse_specs
+from walrus.data.datamodule import channel_names, parse_dataset_specs
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well import WellDataset, WellFile, list_split_files
 from walrus.training.checkpoint import (
@@ -126,11 +126,11 @@ def open_datasets(
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     root = Path(str(data["root"]))
-    specs = _parse_specs(_plain(data["datasets"]))
+    specs = parse_dataset_specs(_plain(data["datasets"]))
     out = []
     for spec in specs:
         wf = WellFile(list_split_files(root, spec.name, split)[0])
-        names = [fi.components[c] for fi, comps in wf.select(spec.fields) for c in comps]
+        names = channel_names(wf, spec.fields)
         unknown = [n for n in names if n not in ckpt.vocab]
         if unknown:
             raise ValueError(

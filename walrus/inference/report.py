@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from walrus.atomic import write_text_atomic
 from walrus.bcs import BoundaryType
 from walrus.data.well import WellDataset
 from walrus.data.writer import write_well_file
@@ -25,26 +25,8 @@ METRIC_LABELS = {"vrmse": "VRMSE", "nrmse": "NRMSE", "spectral": "spectral"}
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
-    """Write ``data`` as indented JSON via a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """Write ``data`` as indented JSON, atomically."""
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def locate_trajectory(ds: WellDataset, index: int) -> tuple[int, int]:

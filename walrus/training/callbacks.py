@@ -12,6 +12,8 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from walrus.atomic import write_text_atomic
+
 
 def capture_rng() -> dict[str, Any]:
     """Every RNG the training loop draws from, as weights-only-loadable values."""
@@ -102,6 +104,6 @@ class RankAudit(pl.Callback):
             h.update(p.detach().cpu().contiguous().numpy().tobytes())
         self.dirpath.mkdir(parents=True, exist_ok=True)
         path = self.dirpath / f"audit_rank{trainer.global_rank}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"samples": self.samples, "weights_sha256": h.hexdigest()}))
-        tmp.replace(path)
+        write_text_atomic(
+            path, json.dumps({"samples": self.samples, "weights_sha256": h.hexdigest()})
+        )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
+from walrus.atomic import atomic_path
 from walrus.data.vocab import FieldVocabulary
 
 CHECKPOINT_FORMAT = 1
@@ -27,17 +27,9 @@ MODEL_PREFIX = "model."
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``torch.save`` to a temporary file beside ``path``, then rename over it."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def load_checkpoint_file(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:

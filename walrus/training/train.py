@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from walrus.atomic import write_text_atomic
 from walrus.data.vocab import FieldVocabulary
 from walrus.training.callbacks import RNGStateCallback
 from walrus.training.checkpoint import (
@@ -25,14 +24,6 @@ from walrus.training.checkpoint import (
 )
 
 FREEZE_OPTIONS = (None, "processor")
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _source_checkpoint(cfg: DictConfig) -> tuple[dict | None, dict | None, str | None]:
@@ -82,7 +73,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
     ckpt, meta, source = _source_checkpoint(cfg)
     base_vocab = FieldVocabulary.from_dict(meta["vocab"]) if meta else None
@@ -125,7 +116,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     if trainer.is_global_zero:
-        _atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True))
+        write_text_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True))
     objects = {
         "trainer": trainer,
         "module": module,
