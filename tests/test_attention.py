@@ -234,3 +234,15 @@ def test_options_of_other_kernels_are_ignored():
     q = torch.randn(2, 5, 4)
     out = attention(q, q, q, kernel="sdpa", chunk_bytes=1024)
     assert torch.allclose(out, attention(q, q, q, kernel="math"), atol=1e-6)
+
+
+def test_chunked_runs_under_bf16_autocast():
+    q, k, v = (torch.randn(2, 3, 6, 8, dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(3, 6, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention(q, k, v, bias=bias, causal=True, kernel="chunked")
+    ref = attention(
+        q.double(), k.double(), v.double(), bias=bias.double(), causal=True, kernel="math"
+    )
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)

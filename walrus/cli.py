@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError)
+# Deprecation chatter from third-party internals that a user can do nothing about.
+QUIET_WARNINGS = (r".*isinstance\(treespec, LeafSpec\).*", r".*litlogger.*")
 
 
 def run_cli(fn: Callable[[], Any]) -> Any:
@@ -17,6 +20,8 @@ def run_cli(fn: Callable[[], Any]) -> Any:
     """
     from walrus.training.module import NonFiniteLossError
 
+    for pattern in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
     try:
         return fn()
     except (*USER_ERRORS, NonFiniteLossError) as e:

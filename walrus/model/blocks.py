@@ -82,6 +82,86 @@ class _DerivedCache:
         return hit[2]
 
 
+def _tokens(o: Tensor, n_tok: int, c: int) -> Tensor:
+    """Attention output ``(N, H, L, E)`` as the token matrix ``(n_tok, C)``.
+
+    The CPU and CUDA flash kernels write their output token-major (``(N, L, H, E)`` in memory),
+    so this is one view; any other layout is copied.
+    """
+    _, h, seq, e = o.shape
+    if o.stride() == (seq * h * e, e, h * e, 1):
+        return o.as_strided((n_tok, c), (c, 1))  # (n_tok, C)
+    return o.transpose(1, 2).reshape(n_tok, c)
+
+
+class InferenceWorkspace:
+    """Buffers and views shared by every processor block of one inference forward.
+
+    Without autograd the token stream is updated in place block after block and every
+    intermediate is written into a buffer allocated here once per forward, so all the views
+    the blocks need are built once and a block issues only its compute ops. The temporal
+    q/k/v buffers share storage with the spatial fused output (they are dead by then).
+
+    Args:
+        x: ``(B, T, S, C)`` contiguous token stream; it is overwritten with the result.
+        heads: attention heads nh.
+        mlp_dim: feed-forward width M before the SwiGLU gate.
+        dtype: compute dtype of the projections (the autocast dtype, or ``x.dtype``).
+    """
+
+    def __init__(self, x: Tensor, heads: int, mlp_dim: int, dtype: torch.dtype):
+        if not x.is_contiguous():
+            raise ValueError(
+                f"InferenceWorkspace: the token stream {tuple(x.shape)} must be contiguous"
+            )
+        b, t, s, c = x.shape
+        nh, e, m = heads, c // heads, mlp_dim
+        n_tok, w = b * t * s, m + 3 * c
+        self.shape, self.heads, self.mlp_dim, self.dtype = (b, t, s, c), heads, mlp_dim, dtype
+        self.stream = x
+        self.x = x.view(n_tok, c)  # (B*T*S, C) the residual stream
+        self.h = x.new_empty(n_tok, c, dtype=dtype)  # (B*T*S, C) normalised tokens
+        self.o = x.new_empty(n_tok, c, dtype=dtype)  # (B*T*S, C) output projections
+        f = x.new_empty(n_tok, w, dtype=dtype)  # (B*T*S, M + 3C) spatial [ff | q | k | v]
+        self.f = f
+        # temporal q, k, v: contiguous (B*T*S, C) blocks of f's storage
+        self.tq, self.tk, self.tv = (
+            f.as_strided((n_tok, c), (c, 1), i * n_tok * c) for i in range(3)
+        )
+        self.tq_rows = f.as_strided((n_tok * nh, e), (e, 1), 0)  # (B*T*S*nh, E)
+        self.tk_rows = f.as_strided((n_tok * nh, e), (e, 1), n_tok * c)
+        self.t4 = ((b, s * nh, t, e), (t * s * c, e, s * c, 1))  # (B, S*nh, T, E) of a token buffer
+        self.tv4 = f.as_strided(*self.t4, 2 * n_tok * c)  # (B, S*nh, T, E)
+        # spatial views of f
+        self.ff_a, self.ff_g = f[:, : m // 2], f[:, m // 2 : m]  # (B*T*S, M/2) each
+        self.qk_in = f.as_strided((b * t, s, 2, nh, e), (s * w, w, c, e, 1), m)  # (B*T,S,2,nh,E)
+        self.sv4 = f.as_strided((b * t, nh, s, e), (s * w, e, w, 1), m + 2 * c)  # (B*T,nh,S,E)
+        self.rot = x.new_empty(b * t, s, 2, nh, e, dtype=dtype)  # rotated q, k
+        self.sq4 = self.rot.as_strided((b * t, nh, s, e), (s * 2 * c, e, 2 * c, 1), 0)
+        self.sk4 = self.rot.as_strided((b * t, nh, s, e), (s * 2 * c, e, 2 * c, 1), c)
+        self._grouped: dict[int, tuple[Tensor, Tensor]] = {}
+        self._eps: dict[float, Tensor] = {}
+
+    def normalize(self, groups: int, eps: float) -> Tensor:
+        """RMS group normalisation of the stream into :attr:`h` (weight left to the caller).
+
+        Same statistic as :func:`walrus.nn.norms.rms_group_normalize`. Returns ``h``
+        ``(B*T*S, C)`` in the compute dtype.
+        """
+        b, t, s, c = self.shape
+        if groups not in self._grouped:
+            shape = (b * t, s, groups, c // groups)
+            self._grouped[groups] = (self.x.view(shape), self.h.view(shape))  # (N, S, G, Cg)
+        xg, hg = self._grouped[groups]
+        stat = torch.promote_types(xg.dtype, torch.float32)
+        if eps not in self._eps:
+            self._eps[eps] = torch.full((), eps, dtype=stat, device=xg.device)
+        sq = torch.linalg.vector_norm(xg, dim=(1, 3), keepdim=True, dtype=stat)  # (N, 1, G, 1)
+        inv = torch.addcmul(self._eps[eps], sq, sq, value=groups / (s * c)).rsqrt_()
+        torch.mul(xg, inv, out=hg)  # cast to the compute dtype fused
+        return self.h
+
+
 class TemporalAttention(nn.Module):
     """Attention over the T frames of every spatial token.
 
@@ -141,7 +221,8 @@ class TemporalAttention(nn.Module):
         v = qkv[:, :, :, 2].reshape(b, t, s * nh, e).transpose(1, 2)  # (B, S*nh, T, E)
         bias = self.rel_pos_bias(t, x.device).to(qkv.dtype)  # (nh, T, T)
         bias = bias.expand(s, nh, t, t).reshape(s * nh, t, t)  # (S*nh, T, T)
-        o = attention(q, k, v, bias=bias, causal=self.causal, kernel=self.kernel)  # (B, S*nh, T, E)
+        with torch.autocast(x.device.type, enabled=False):  # q, k, v, bias share one dtype
+            o = attention(q, k, v, bias=bias, causal=self.causal, kernel=self.kernel)
         o = self.output_head(o.transpose(1, 2).reshape(b * t * s, c)).view(
             b, t, s, c
         )  # (B, T, S, C)
@@ -195,6 +276,55 @@ class TemporalAttention(nn.Module):
             o = o.transpose(1, 2).reshape(b * t * s, c)  # (B*T*S, C)
             out = _residual_gemms(x.view(b * t * s, c), [(o, w_out)], b_out)  # x + γ·proj(o)
         return out.view(b, t, s, c)
+
+    def _inference_params(self, cd: torch.dtype, t: int, s: int, device: torch.device) -> tuple:
+        """Split q/k/v weights, output weights and the attention mask, in dtype ``cd``."""
+        win, wout, c = self.input_head, self.output_head, self.input_head.in_features
+        params = [self.norm1.weight, win.weight, win.bias, wout.weight, wout.bias, self.gamma]
+        params += [self.rel_pos_bias.relative_attention_bias.weight]
+
+        def build() -> tuple[Tensor, ...]:
+            w_in = (win.weight * self.norm1.weight).to(cd)  # (3C, C)
+            b_in = win.bias.to(cd)  # (3C,)
+            w_out = (wout.weight * self.gamma[:, None]).to(cd).t()  # (C, C)
+            b_out = (wout.bias * self.gamma).to(cd)  # (C,)
+            bias = self.rel_pos_bias(t, device).to(cd)  # (nh, T, T)
+            bias = bias.expand(s, *bias.shape).reshape(-1, t, t)  # (S*nh, T, T)
+            mask = bias[None]  # (1, S*nh, T, T)
+            if self.causal:
+                keep = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+                mask = mask.masked_fill(~keep, float("-inf"))
+            qkv = [(w_in[i * c : (i + 1) * c].t(), b_in[i * c : (i + 1) * c]) for i in range(3)]
+            return (*[x for pair in qkv for x in pair], w_out, b_out, bias, mask)
+
+        return self._derived.get(("inference", cd, t, s, device), params, build)
+
+    def forward_inference(self, ws: InferenceWorkspace) -> None:
+        """The fused forward without autograd, in place on ``ws``'s token stream.
+
+        q, k and v are three GEMMs into contiguous buffers (so q/k LayerNorm reads contiguous
+        rows and every attention operand is a view); the causal mask is folded into the cached
+        bias; the output projection lands in ``ws.o`` and is added to the stream.
+        """
+        b, t, s, c = ws.shape
+        e = self.head_dim
+        with torch.autocast(ws.x.device.type, enabled=False):
+            w_q, b_q, w_k, b_k, w_v, b_v, w_out, b_out, bias, mask = self._inference_params(
+                ws.dtype, t, s, ws.x.device
+            )
+            h = ws.normalize(self.norm1.groups, self.norm1.eps)  # (B*T*S, C)
+            torch.addmm(b_q, h, w_q, out=ws.tq)  # (B*T*S, C)
+            torch.addmm(b_k, h, w_k, out=ws.tk)
+            torch.addmm(b_v, h, w_v, out=ws.tv)
+            qn, kn = self.qnorm, self.knorm
+            q = F.layer_norm(ws.tq_rows, (e,), qn.weight, qn.bias, qn.eps).as_strided(*ws.t4)
+            k = F.layer_norm(ws.tk_rows, (e,), kn.weight, kn.bias, kn.eps).as_strided(*ws.t4)
+            if self.kernel == "sdpa":  # (B, S*nh, T, E)
+                o = F.scaled_dot_product_attention(q, k, ws.tv4, attn_mask=mask, scale=e**-0.5)
+            else:
+                o = attention(q, k, ws.tv4, bias=bias, causal=self.causal, kernel=self.kernel)
+            torch.addmm(b_out, _tokens(o, b * t * s, c), w_out, out=ws.o)  # γ·proj(o)
+            ws.x.add_(ws.o)
 
 
 class SpatialAttention(nn.Module):
@@ -258,7 +388,8 @@ class SpatialAttention(nn.Module):
         q = q.view(b * t, s, nh, e).transpose(1, 2)  # (B*T, nh, S, E)
         k = k.view(b * t, s, nh, e).transpose(1, 2)  # (B*T, nh, S, E)
         v = qkv[..., 2, :, :].flatten(0, 1).transpose(1, 2)  # (B*T, nh, S, E)
-        o = attention(q, k, v, kernel=self.kernel)  # (B*T, nh, S, E)
+        with torch.autocast(x.device.type, enabled=False):  # q, k, v share one dtype
+            o = attention(q, k, v, kernel=self.kernel)  # (B*T, nh, S, E)
         o = o.transpose(1, 2).reshape(b * t * s, c)  # (B*T*S, C)
         mlp = self.ff_out(ff)  # (B*T*S, C)
         out = torch.addmm(mlp, o, self.attn_out.weight.t()).view(b, t, s, c)  # attn_out(o) + mlp
@@ -338,6 +469,50 @@ class SpatialAttention(nn.Module):
             out = _residual_gemms(x.view(b * t * s, c), terms, b_ff, reuse_input)  # (B*T*S, C)
         return out.view(b, t, s, c)
 
+    def _inference_params(self, cd: torch.dtype, rope: tuple[Tensor, Tensor]) -> tuple:
+        """:meth:`_fused_params` plus the fused ff/q/k/v weight with the norm weight folded in,
+        its bias, and the channel-pair swap index."""
+        lin, cos = self.fused_ff_qkv, rope[0]
+        params = [lin.weight, lin.bias, self.norm1.weight]
+
+        def build() -> tuple[Tensor, ...]:
+            w_in = (lin.weight * self.norm1.weight).to(cd).t()  # (C, M + 3C)
+            swap = torch.arange(self.head_dim, device=cos.device).view(-1, 2).flip(-1).flatten()
+            return w_in, lin.bias.to(cd), swap
+
+        extra = self._derived.get(("inference", cd, cos.device), params, build)
+        return (*extra, *self._fused_params(cd, rope))
+
+    def forward_inference(self, ws: InferenceWorkspace, rope: tuple[Tensor, Tensor]) -> None:
+        """The fused forward without autograd, in place on ``ws``'s token stream.
+
+        One GEMM into ``ws.f``; q and k normalised in one LayerNorm call and rotated into
+        ``ws.rot`` with tables that carry the LayerNorm affine; SwiGLU in place; both output
+        projections accumulate into ``ws.o``, which is added to the stream.
+
+        Args:
+            ws: the forward's workspace.
+            rope: ``(cos, sin)`` each ``(S, 1, E)``.
+        """
+        b, t, s, c = ws.shape
+        e = self.head_dim
+        with torch.autocast(ws.x.device.type, enabled=False):
+            w_in, b_in, swap, w_att, w_ff, b_ff, tab_a, tab_b, tab_d = self._inference_params(
+                ws.dtype, rope
+            )
+            h = ws.normalize(self.norm1.groups, self.norm1.eps)  # (B*T*S, C)
+            torch.addmm(b_in, h, w_in, out=ws.f)  # (B*T*S, M + 3C): one GEMM, contiguous input
+            n = F.layer_norm(ws.qk_in, (e,), eps=self.q_norm.eps)  # (B*T, S, 2, nh, E)
+            rot = torch.index_select(n, -1, swap, out=ws.rot)  # pairs swapped
+            torch.addcmul(tab_d, rot, tab_b, out=rot).addcmul_(n, tab_a)  # RoPE(LN(q)), k
+            if self.kernel == "sdpa":  # (B*T, nh, S, E)
+                o = F.scaled_dot_product_attention(ws.sq4, ws.sk4, ws.sv4, scale=e**-0.5)
+            else:
+                o = attention(ws.sq4, ws.sk4, ws.sv4, kernel=self.kernel)
+            a = ws.ff_a.mul_(F.silu(ws.ff_g, inplace=True))  # SwiGLU in place
+            torch.addmm(b_ff, _tokens(o, b * t * s, c), w_att, out=ws.o)  # γ·attn_out(o)
+            ws.x.add_(ws.o.addmm_(a, w_ff))  # + γ·ff_out(swiglu)
+
 
 class ProcessorBlock(nn.Module):
     """Temporal attention then spatial attention, with optional gradient checkpointing.
@@ -362,6 +537,16 @@ class ProcessorBlock(nn.Module):
     def _forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         # the temporal output is a fresh tensor: the spatial residual may be added into it
         return self.space_mixing(self.time_mixing(x), (cos, sin), reuse_input=True)
+
+    def inference_ready(self) -> bool:
+        """Whether :meth:`forward_inference` gives this block's result (fused, no drop path)."""
+        tm, sm = self.time_mixing, self.space_mixing
+        return all(m.fused and not (m.training and m.drop_path > 0.0) for m in (tm, sm))
+
+    def forward_inference(self, ws: InferenceWorkspace, rope: tuple[Tensor, Tensor]) -> None:
+        """:meth:`forward` without autograd, in place on ``ws``'s token stream."""
+        self.time_mixing.forward_inference(ws)
+        self.space_mixing.forward_inference(ws, rope)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         """Args: x ``(B, T, S, C)``; rope ``(cos, sin)`` tables. Returns ``(B, T, S, C)``."""

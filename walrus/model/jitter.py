@@ -98,7 +98,6 @@ class PatchJitterer(nn.Module):
         Returns:
             ``(N, dim, *padded)`` with ``padded[i] = spatial[i] + lo + hi``.
         """
-        tokens = self.padding_tokens.view(2, -1).to(x.dtype)  # (2, dim)
         for i, p in enumerate(plans):  # pad every axis first: wrap or zeros
             ax = 2 + i
             n = x.shape[ax]
@@ -107,6 +106,9 @@ class PatchJitterer(nn.Module):
                 x = x.index_select(ax, idx)
             else:
                 x = F.pad(x, [0, 0] * (x.ndim - ax - 1) + [p.lo, p.hi])
+        if all(p.periodic for p in plans):
+            return x
+        tokens = self.padding_tokens.view(2, -1).to(x.dtype)  # (2, dim)
         for i, p in enumerate(plans):  # then tokens over the full padded extent: corners sum
             if p.periodic:
                 continue

@@ -21,7 +21,13 @@ import torch
 from torch import Tensor, nn
 
 from walrus.bcs import BoundaryType
-from walrus.model.blocks import ProcessorBlock, SpatialAttention, TemporalAttention
+from walrus.model.blocks import (
+    InferenceWorkspace,
+    ProcessorBlock,
+    SpatialAttention,
+    TemporalAttention,
+    compute_dtype,
+)
 from walrus.model.encoder import Decoder, Encoder, choose_strides, official_strides
 from walrus.model.field_embedding import FieldEmbedding
 from walrus.model.jitter import PatchJitterer, plan_axis
@@ -117,7 +123,9 @@ class Walrus(nn.Module):
     ):
         super().__init__()
         if compat is not None and compat not in COMPAT_MODES:
-            raise ValueError(f"compat={compat!r} is not known; expected None or one of {COMPAT_MODES}")
+            raise ValueError(
+                f"compat={compat!r} is not known; expected None or one of {COMPAT_MODES}"
+            )
         intermediate_dim = dim // 4 if intermediate_dim is None else intermediate_dim
         mlp_dim = int(round(mlp_ratio * dim))
         self._check_config(
@@ -529,8 +537,13 @@ class Walrus(nn.Module):
         s = math.prod(latent)
         z = z.movedim(1, -1).contiguous().view(b, t, s, self.dim)  # (B, T, S, D) contiguous
         rope = self.rope.tables(tuple(grid), z.device, z.dtype)
-        for blk in self.blocks:
-            z = blk(z, rope)  # (B, T, S, D)
+        if not torch.is_grad_enabled() and all(blk.inference_ready() for blk in self.blocks):
+            ws = InferenceWorkspace(z, self.heads, self.mlp_dim, compute_dtype(z))
+            for blk in self.blocks:
+                blk.forward_inference(ws, rope)  # z updated in place
+        else:
+            for blk in self.blocks:
+                z = blk(z, rope)  # (B, T, S, D)
         if not self.causal:
             z = z[:, -1:]  # (B, 1, S, D)
         t_out = z.shape[1]

@@ -79,7 +79,9 @@ def attention(
         return _math(q, k, v, bias, causal, scale)
     if kernel == "sdpa":
         return _sdpa(q, k, v, bias, causal, scale)
-    return _chunked(q, k, v, bias, causal, scale, opts)
+    # The chunked kernel accumulates in fp32 itself; autocast would mix dtypes in its out= ops.
+    with torch.autocast(q.device.type, enabled=False):
+        return _chunked(q, k, v, bias, causal, scale, opts)
 
 
 def _check(
