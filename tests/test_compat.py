@@ -83,6 +83,11 @@ def test_cli_writes_checkpoint_that_load_model_rebuilds(fixture: dict, converted
     meta = torch.load(out, weights_only=True)["walrus"]
     assert meta["predict_delta"] is True
     assert meta["model_config"]["compat"] == "walrus_official"
+    # Inference and fine-tuning pick up the official per-sample mean/std normalisation.
+    from walrus.data.normalization import MeanStdNormalizer
+    from walrus.inference.loading import load_inference_checkpoint
+
+    assert isinstance(load_inference_checkpoint(out).normalizer, MeanStdNormalizer)
 
 
 @needs_fixture

@@ -5,7 +5,12 @@ import pytest
 import torch
 import yaml
 
-from walrus.data.normalization import RMSNormalizer, ZScoreNormalizer
+from walrus.data.normalization import (
+    MeanStdNormalizer,
+    RMSNormalizer,
+    ZScoreNormalizer,
+    build_normalizer,
+)
 from walrus.data.stats import compute_stats, load_stats, main, write_stats
 from walrus.data.well import WellDataset
 from walrus.data.writer import write_well_file
@@ -96,3 +101,40 @@ def test_write_stats_is_atomic(tmp_path):
         "std_delta",
         "rms_delta",
     }
+
+
+def test_mean_std_normalisation_matches_hand_formula_and_inverts():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 3, 8, 8) * 3 + 5  # (B, T, C, H, W)
+    stats = MeanStdNormalizer(eps=1e-4).fit(x)
+    mean = x.mean(dim=(1, 3, 4), keepdim=True)
+    std = x.std(dim=(1, 3, 4), keepdim=True, correction=0)
+    torch.testing.assert_close(stats.normalize(x), (x - mean) / (std + 1e-4))
+    d = x[:, 1:] - x[:, :-1]
+    d_mean = d.mean(dim=(1, 3, 4), keepdim=True)
+    d_std = d.std(dim=(1, 3, 4), keepdim=True, correction=0)
+    torch.testing.assert_close(stats.normalize_delta(d), (d - d_mean) / (d_std + 1e-4))
+    torch.testing.assert_close(stats.denormalize(stats.normalize(x)), x)
+    torch.testing.assert_close(stats.denormalize_delta(stats.normalize_delta(d)), d)
+
+
+@pytest.mark.parametrize(
+    "normalizer",
+    [
+        RMSNormalizer(eps=1e-3),
+        MeanStdNormalizer(eps=1e-2),
+        ZScoreNormalizer({"mean": {"a": 1.0}, "std": {"a": 2.0}}),
+    ],
+)
+def test_normalizer_config_round_trips(normalizer):
+    rebuilt = build_normalizer(normalizer.config())
+    assert type(rebuilt) is type(normalizer) and rebuilt.config() == normalizer.config()
+    x = torch.randn(1, 2, 1, 4, 4)
+    a, b = normalizer.fit(x, ["a"]), rebuilt.fit(x, ["a"])
+    torch.testing.assert_close(a.normalize(x), b.normalize(x))
+
+
+def test_build_normalizer_defaults_to_rms_and_refuses_other_targets():
+    assert isinstance(build_normalizer(None), RMSNormalizer)
+    with pytest.raises(ValueError, match="unknown normaliser 'os.system'"):
+        build_normalizer({"_target_": "os.system", "command": "true"})

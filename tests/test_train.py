@@ -76,6 +76,10 @@ def test_run_writes_config_checkpoints_and_logs(compose_cfg, tiny_data_root, tmp
     meta = ckpt["walrus"]
     assert meta["vocab"]["names"][:3] == ["vorticity", "velocity_x", "velocity_y"]
     assert meta["data_config"]["datasets"] == ["navier_stokes_2d"]
+    assert meta["normalizer"] == {
+        "_target_": "walrus.data.normalization.RMSNormalizer",
+        "eps": 1e-4,
+    }
     model, vocab = load_model(tmp_path / "checkpoints" / "last.ckpt")
     assert "vorticity" in vocab
     for k, v in model.state_dict().items():

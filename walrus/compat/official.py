@@ -35,6 +35,7 @@ import torch
 import yaml
 from torch import Tensor
 
+from walrus.data.normalization import MeanStdNormalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.model.walrus import Walrus
 from walrus.training.checkpoint import CHECKPOINT_FORMAT, MODEL_PREFIX, atomic_torch_save
@@ -89,7 +90,8 @@ OURS_ONLY = {"rope.freqs": "set from blocks.0.space_mixing.rotary_emb.freqs"}
 PREDICT_DELTA = True
 NORMALIZATION_NOTE = (
     "official training normalised each sample by its mean and std over time and space (eps 1e-4 "
-    "added to the std) and the output is the frame delta normalised by the deltas' mean and std"
+    "added to the std) and the output is the frame delta normalised by the deltas' mean and std; "
+    "the checkpoint selects MeanStdNormalizer, which does the same"
 )
 
 
@@ -151,6 +153,7 @@ class Converted:
                 "model_config": self.model_config,
                 "vocab": self.vocab.to_dict(),
                 "predict_delta": PREDICT_DELTA,
+                "normalizer": MeanStdNormalizer(eps=1e-4).config(),
                 "source": {
                     "converted_from": "official Walrus",
                     "layout": self.report.layout,

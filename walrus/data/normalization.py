@@ -1,18 +1,25 @@
 """Invertible normalisation of input windows and predicted frame deltas.
 
-Both schemes reduce to one affine map per sample and field, held in ``NormStats``:
-``x_n = (x - shift) / scale`` for states and ``d_n = d / delta_scale`` for frame deltas.
+Every scheme reduces to one affine map per sample and field, held in ``NormStats``:
+``x_n = (x - shift) / scale`` for states and ``d_n = (d - delta_shift) / delta_scale`` for
+frame deltas.
 
-- ``RMSNormalizer`` (default, the Walrus scheme): per-sample RMS of the input window,
-  and per-sample RMS of its frame-to-frame deltas. No file needed.
+- ``RMSNormalizer`` (default): per-sample RMS of the input window, and per-sample RMS of its
+  frame-to-frame deltas. No file needed.
+- ``MeanStdNormalizer``: per-sample mean/std of the window and of its deltas (what the official
+  Walrus training used; converted official checkpoints select it).
 - ``ZScoreNormalizer``: global per-field mean/std (and delta std) from a dataset's
   ``stats.yaml``.
+
+Each normaliser's ``config()`` is a plain dict stored in checkpoints; ``build_normalizer``
+rebuilds it (only the classes of this module).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,6 +32,7 @@ class NormStats:
     shift: Tensor
     scale: Tensor
     delta_scale: Tensor
+    delta_shift: Tensor | float = 0.0
 
     def normalize(self, x: Tensor) -> Tensor:
         return (x - self.shift) / self.scale
@@ -33,10 +41,10 @@ class NormStats:
         return x * self.scale + self.shift
 
     def normalize_delta(self, d: Tensor) -> Tensor:
-        return d / self.delta_scale
+        return (d - self.delta_shift) / self.delta_scale
 
     def denormalize_delta(self, d: Tensor) -> Tensor:
-        return d * self.delta_scale
+        return d * self.delta_scale + self.delta_shift
 
 
 def _per_field(x: Tensor) -> tuple[int, ...]:
@@ -65,6 +73,40 @@ class RMSNormalizer:
         else:
             delta_scale = scale
         return NormStats(shift=torch.zeros_like(scale), scale=scale, delta_scale=delta_scale)
+
+    def config(self) -> dict[str, Any]:
+        return {"_target_": f"{__name__}.RMSNormalizer", "eps": self.eps}
+
+
+class MeanStdNormalizer:
+    """Per-sample mean/std of the input window and of its frame deltas (official Walrus).
+
+    ``x_n = (x - mean) / (std + eps)``; ``d_n = (d - mean_d) / (std_d + eps)`` with ``mean_d``,
+    ``std_d`` over the window's frame-to-frame deltas (the window's own statistics for T = 1).
+
+    Args:
+        eps: added to every std.
+    """
+
+    def __init__(self, eps: float = 1e-4) -> None:
+        self.eps = eps
+
+    def fit(self, x: Tensor, field_names: Sequence[str] | None = None) -> NormStats:
+        """Statistics of an input window ``x`` ``(B, T, C, *spatial)``."""
+        dims = _per_field(x)
+        xf = x.float()
+        std, mean = torch.std_mean(xf, dim=dims, keepdim=True, correction=0)  # (B, 1, C, 1, ...)
+        if x.shape[1] > 1:
+            d = xf[:, 1:] - xf[:, :-1]  # (B, T-1, C, *spatial)
+            d_std, d_mean = torch.std_mean(d, dim=dims, keepdim=True, correction=0)
+        else:
+            d_std, d_mean = std, torch.zeros_like(mean)
+        return NormStats(
+            shift=mean, scale=std + self.eps, delta_scale=d_std + self.eps, delta_shift=d_mean
+        )
+
+    def config(self) -> dict[str, Any]:
+        return {"_target_": f"{__name__}.MeanStdNormalizer", "eps": self.eps}
 
 
 class ZScoreNormalizer:
@@ -99,3 +141,23 @@ class ZScoreNormalizer:
         std = self._vector("std", field_names, x).view(view).expand(b, *view[1:]) + self.eps
         dstd = self._vector("std_delta", field_names, x).view(view).expand(b, *view[1:]) + self.eps
         return NormStats(shift=mean, scale=std, delta_scale=dstd)
+
+    def config(self) -> dict[str, Any]:
+        stats = {k: dict(v) for k, v in self.stats.items() if isinstance(v, Mapping)}
+        return {"_target_": f"{__name__}.ZScoreNormalizer", "stats": stats, "eps": self.eps}
+
+
+NORMALIZERS = {
+    f"{__name__}.{cls.__name__}": cls for cls in (RMSNormalizer, MeanStdNormalizer, ZScoreNormalizer)
+}
+
+
+def build_normalizer(config: Mapping[str, Any] | None) -> Any:
+    """Rebuild a normaliser from its ``config()``; ``None`` gives the default ``RMSNormalizer``."""
+    if not config:
+        return RMSNormalizer()
+    kwargs = dict(config)
+    target = kwargs.pop("_target_", None)
+    if target not in NORMALIZERS:
+        raise ValueError(f"unknown normaliser {target!r}; known: {sorted(NORMALIZERS)}")
+    return NORMALIZERS[target](**kwargs)

@@ -51,6 +51,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         prep.ckpt.model,
         plans,
         predict_delta=prep.ckpt.predict_delta,
+        normalizer=prep.ckpt.normalizer,
         jitter_seed=prep.jitter_seed,
         autocast_dtype=prep.autocast_dtype,
         keep_predictions=False,

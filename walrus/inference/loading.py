@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from walrus.data.datamodule import channel_names, parse_dataset_specs
+from walrus.data.normalization import build_normalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well import WellDataset, WellFile, list_split_files
 from walrus.training.checkpoint import (
@@ -44,6 +45,7 @@ class InferenceCheckpoint:
         vocab: the field vocabulary the model was trained with.
         predict_delta: whether the model predicts normalised frame deltas.
         data_config: the training run's resolved data config (empty when not stored).
+        normalizer: the normaliser the model was trained with (``RMSNormalizer`` if not stored).
     """
 
     path: Path
@@ -51,6 +53,7 @@ class InferenceCheckpoint:
     vocab: FieldVocabulary
     predict_delta: bool
     data_config: dict[str, Any] = field(default_factory=dict)
+    normalizer: Any = None
 
 
 def require(cfg: DictConfig, key: str, hint: str) -> Any:
@@ -76,6 +79,7 @@ def load_inference_checkpoint(path: str | os.PathLike) -> InferenceCheckpoint:
         vocab=FieldVocabulary.from_dict(meta["vocab"]),
         predict_delta=bool(meta.get("predict_delta", True)),
         data_config=dict(data_config),
+        normalizer=build_normalizer(meta.get("normalizer")),
     )
 
 

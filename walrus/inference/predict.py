@@ -109,6 +109,7 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         prep.ckpt.model,
         plans,
         predict_delta=prep.ckpt.predict_delta,
+        normalizer=prep.ckpt.normalizer,
         jitter_seed=prep.jitter_seed,
         autocast_dtype=prep.autocast_dtype,
         keep_predictions=bool(cfg.save_predictions or cfg.plots),

@@ -197,6 +197,7 @@ class WalrusModule(pl.LightningModule):
             "vocab": self.vocab,
             "predict_delta": self.predict_delta,
             "data_config": self.data_config,
+            "normalizer": self.normalizer.config() if hasattr(self.normalizer, "config") else None,
         }
 
 

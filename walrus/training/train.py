@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from walrus.atomic import write_text_atomic
+from walrus.data.normalization import build_normalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.training.callbacks import RNGStateCallback
 from walrus.training.checkpoint import (
@@ -97,7 +98,12 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         )
     _freeze(model, cfg.finetune.get("freeze") if cfg.get("finetune") else None)
 
+    extra = {}
+    if cfg.get("init_from") and meta.get("normalizer"):
+        # A fine-tuned model keeps the normalisation its weights were trained with.
+        extra["normalizer"] = build_normalizer(meta["normalizer"])
     module = instantiate(cfg.module)(
+        **extra,
         model=model,
         optimizer=instantiate(cfg.optimizer),
         lr_scheduler=instantiate(cfg.lr_scheduler) if cfg.get("lr_scheduler") else None,
