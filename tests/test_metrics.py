@@ -183,7 +183,6 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.slow
 def test_all_reduce_two_processes_equals_single(tmp_path) -> None:
     import socket
 

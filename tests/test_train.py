@@ -270,3 +270,26 @@ def test_ddp_two_cpu_processes_shard_data_and_stay_in_sync(tiny_data_root, tmp_p
     assert seen[0] and seen[1]
     assert not seen[0] & seen[1], "ranks trained on the same windows"
     assert audits[0]["weights_sha256"] == audits[1]["weights_sha256"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["module.predict_delta=false", "module.loss=mse"],
+        ["trainer.precision=bf16-mixed", "model.grad_checkpointing=true"],
+    ],
+    ids=["full-state-mse", "bf16-checkpointing"],
+)
+def test_training_options_run(compose_cfg, tiny_data_root, tmp_path, options):
+    metrics, objects = _train(compose_cfg, tiny_data_root, tmp_path, "debug=fast_dev_run", *options)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    module = objects["module"]
+    assert module.predict_delta == ("module.predict_delta=false" not in options)
+
+
+@pytest.mark.slow
+def test_torch_compile_option_trains(compose_cfg, tiny_data_root, tmp_path):
+    metrics, _ = _train(
+        compose_cfg, tiny_data_root, tmp_path, "debug=fast_dev_run", "module.compile=true"
+    )
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
