@@ -18,9 +18,8 @@ import argparse
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.accounting import register_cpu_sdpa_flops
+from benchmarks.accounting import account
 from benchmarks.common import gemm_gflops, print_table, save_json, timeit
 from benchmarks.scale import load_preset
 from walrus.bcs import BoundaryType
@@ -35,18 +34,15 @@ CASES = {
 
 
 def count_flops(fn) -> int:  # noqa: ANN001
-    """FLOPs of ``fn()`` by ``FlopCounterMode`` (CPU SDPA and in-place GEMMs registered)."""
-    register_cpu_sdpa_flops()
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
+    """Complete FLOPs of ``fn()``: ``FlopCounterMode`` (CPU SDPA registered) plus in-place GEMMs."""
+    return account(fn, fake=False).flops
 
 
 def bench_case(name: str, warmup: int, iters: int, gemm: float) -> dict[str, Any]:
     """Forward (fused and plain) and train-step timings of one config."""
     make_cfg, shape = CASES[name]
     torch.manual_seed(0)
-    model = Walrus(**make_cfg(), jitter=False)
+    model = Walrus(**{**make_cfg(), "jitter": False})
     x = torch.randn(shape)
     fields = torch.arange(shape[2])
     bcs = [[P, P]] * (len(shape) - 3)

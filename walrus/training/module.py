@@ -36,6 +36,8 @@ class WalrusModule(pl.LightningModule):
         predict_delta: predict the normalised frame delta (default) or the normalised next state.
         normalizer: fits per-sample ``NormStats`` (default ``RMSNormalizer()``).
         val_rollout_steps: length of the short validation rollout (capped by the targets present).
+        input_noise: std of Gaussian noise added to training inputs, in input RMS units
+            (0 disables it); it makes long rollouts more stable.
         compile: run the model's forward through ``torch.compile``.
         model_config: the model's resolved config, stored in checkpoints.
         vocab: the field vocabulary as a dict, stored in checkpoints.
@@ -54,6 +56,7 @@ class WalrusModule(pl.LightningModule):
         predict_delta: bool = True,
         normalizer: Any = None,
         val_rollout_steps: int = 4,
+        input_noise: float = 0.0,
         compile: bool = False,
         model_config: dict[str, Any] | None = None,
         vocab: dict[str, Any] | None = None,
@@ -71,6 +74,7 @@ class WalrusModule(pl.LightningModule):
         self.predict_delta = predict_delta
         self.normalizer = normalizer if normalizer is not None else RMSNormalizer()
         self.val_rollout_steps = val_rollout_steps
+        self.input_noise = input_noise
         self.model_config = model_config or {}
         self.vocab = vocab or {}
         self.data_config = data_config or {}
@@ -80,25 +84,33 @@ class WalrusModule(pl.LightningModule):
     def forward(self, x: Tensor, fields: Tensor, bcs: Tensor) -> Tensor:
         return self._forward(x, fields, bcs)
 
-    def _targets(self, batch: Batch) -> tuple[Tensor, Tensor, Any]:
-        """Normalised model input and normalised targets for every output frame."""
+    def _targets(self, batch: Batch, noise_std: float = 0.0) -> tuple[Tensor, Tensor, Any]:
+        """Normalised model input and normalised targets for every output frame.
+
+        With ``noise_std > 0`` the inputs get Gaussian noise of that many input RMS units, and
+        delta targets lead from the noisy frame to the clean next one, so the model learns to
+        correct the small errors a rollout feeds back to it.
+        """
         x, y = batch.input_fields, batch.output_fields  # (B, Ti, C, *S), (B, To, C, *S)
         if y.shape[1] < 1:
             raise ValueError("training needs at least one target frame (n_steps_output >= 1)")
         names = batch.metadata.get("field_names")
         stats = self.normalizer.fit(x, names)
         t_in = x.shape[1]
+        if noise_std > 0:
+            x = x + noise_std * stats.scale * torch.randn_like(x)  # (B, Ti, C, *S)
         full = torch.cat([x, y], dim=1)  # (B, Ti + To, C, *S)
         causal = getattr(self.model, "causal", True)
         if causal:
-            nxt, prev = full[:, 1 : t_in + 1], full[:, :t_in]  # (B, Ti, C, *S)
+            nxt = torch.cat([batch.input_fields[:, 1:], y[:, :1]], dim=1)  # (B, Ti, C, *S) clean
+            prev = full[:, :t_in]  # (B, Ti, C, *S)
         else:
             nxt, prev = full[:, t_in : t_in + 1], full[:, t_in - 1 : t_in]  # (B, 1, C, *S)
         target = stats.normalize_delta(nxt - prev) if self.predict_delta else stats.normalize(nxt)
         return stats.normalize(x), target, stats
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        x_n, target, _ = self._targets(batch)
+        x_n, target, _ = self._targets(batch, self.input_noise)
         pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
         loss = normalized_loss(pred, target, self.loss_kind) * self.loss_multiplier
         if not torch.isfinite(loss):

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from walrus.atomic import write_text_atomic
-from walrus.data.normalization import build_normalizer
+from walrus.data.normalization import ZScoreNormalizer, build_normalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.training.callbacks import RNGStateCallback
 from walrus.training.checkpoint import (
@@ -54,6 +54,16 @@ def _model_config(cfg: DictConfig, meta: dict | None) -> dict[str, Any]:
         if knob in model_cfg:
             saved[knob] = model_cfg[knob]
     return saved
+
+
+def _merged_stats(datamodule: Any) -> dict[str, dict[str, float]]:
+    """Per-field z-score statistics of every served dataset (``stats.yaml``), merged by name."""
+    merged: dict[str, dict[str, float]] = {}
+    for name in datamodule.dataset_names:
+        for section, table in datamodule.stats(name).items():
+            if isinstance(table, dict):
+                merged.setdefault(section, {}).update(table)
+    return merged
 
 
 def _freeze(model: torch.nn.Module, what: str | None) -> None:
@@ -102,6 +112,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     if cfg.get("init_from") and meta.get("normalizer"):
         # A fine-tuned model keeps the normalisation its weights were trained with.
         extra["normalizer"] = build_normalizer(meta["normalizer"])
+    elif getattr(datamodule, "normalization", "rms") == "zscore":
+        extra["normalizer"] = ZScoreNormalizer(_merged_stats(datamodule))
     module = instantiate(cfg.module)(
         **extra,
         model=model,
