@@ -246,3 +246,18 @@ def test_chunked_runs_under_bf16_autocast():
     )
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("lk", [6, 24])
+def test_chunked_keeps_float64_exact_with_and_without_grad(lk):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, lk, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    bias = torch.randn(2, lk, lk, dtype=torch.float64)
+    ref = attention(q, k, v, bias=bias, causal=True, kernel="math")
+    out = attention(q, k, v, bias=bias, causal=True, kernel="chunked")  # training path
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        blocked = attention(
+            q, k, v, bias=bias, causal=True, kernel="chunked", q_chunk=5, kv_chunk=4
+        )
+    torch.testing.assert_close(blocked, ref.detach(), rtol=1e-12, atol=1e-12)

@@ -239,8 +239,10 @@ class _Plan:
                 for ks in starts:
                     yield n0, n1, qs, qe, ks, min(end, ks + self.ck), len(starts)
 
-    def mask(self, qs: int, qe: int, ks: int, ke: int, device: torch.device) -> Tensor | None:
-        """Additive fp32 ``(cq, ck)`` causal mask (0 or -inf); None when fully visible.
+    def mask(
+        self, qs: int, qe: int, ks: int, ke: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor | None:
+        """Additive ``(cq, ck)`` causal mask (0 or -inf); None when fully visible.
 
         Adding it inside ``baddbmm`` costs nothing extra, unlike a separate ``masked_fill_``.
         """
@@ -248,7 +250,9 @@ class _Plan:
             return None
         rows = torch.arange(qs, qe, device=device).unsqueeze(1) + self.off  # (cq, 1)
         hidden = torch.arange(ks, ke, device=device) > rows  # (cq, ck)
-        return torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf"))
+        return torch.zeros(hidden.shape, device=device, dtype=dtype).masked_fill_(
+            hidden, float("-inf")
+        )
 
     def bias_index(self, n0: int, n1: int, qs: int, qe: int, ks: int, ke: int) -> tuple:
         """Index of one block in the padded bias (size-1 axes stay whole)."""
@@ -299,11 +303,11 @@ def _make_plan(
 def _scores(
     plan: _Plan, qc: Tensor, kc: Tensor, bias: Tensor | None, idx: tuple, mask: Tensor | None
 ) -> Tensor:
-    """``qc kc^T * scale + bias + mask``: ``(nb, cq, ck)`` fp32, masked entries at -inf."""
+    """``qc kc^T * scale + bias + mask``: ``(nb, cq, ck)`` (fp32 or wider), masked at -inf."""
     kt = kc.transpose(1, 2)  # (nb, E, ck)
     add = mask  # (cq, ck) or None
     if bias is not None and plan.bias_flat:
-        b = bias[idx].float()  # (cq|1, ck|1)
+        b = bias[idx].to(qc.dtype)  # (cq|1, ck|1)
         add = b if add is None else b + add
     if add is None:
         s = torch.baddbmm(qc.new_zeros(1, 1, 1), qc, kt, beta=0.0, alpha=plan.scale)
@@ -359,7 +363,9 @@ def _chunked_forward(
     for n0, n1, qs, qe, ks, ke, n_kv in plan.blocks():
         qc, kc, vc = q[n0:n1, qs:qe], k[n0:n1, ks:ke], v[n0:n1, ks:ke]  # (nb, cq|ck, E|Ev)
         idx = plan.bias_index(n0, n1, qs, qe, ks, ke) if bias is not None else ()
-        s = _scores(plan, qc, kc, bias, idx, plan.mask(qs, qe, ks, ke, q.device))  # (nb, cq, ck)
+        s = _scores(
+            plan, qc, kc, bias, idx, plan.mask(qs, qe, ks, ke, q.device, q.dtype)
+        )  # (nb, cq, ck)
         if n_kv == 1:
             if need_lse:
                 lse[n0:n1, qs:qe] = _softmax_lse_(s)
@@ -424,7 +430,7 @@ def _chunked_backward(
         if probs:
             p = probs[i]  # (nb, cq, ck)
         else:
-            p = _scores(plan, qc, kc, bias, idx, plan.mask(qs, qe, ks, ke, q.device))
+            p = _scores(plan, qc, kc, bias, idx, plan.mask(qs, qe, ks, ke, q.device, q.dtype))
             p.sub_(lse[n0:n1, qs:qe]).exp_()
         beta_kv = 0.0 if fresh_kv else 1.0
         dv[n0:n1, ks:ke].baddbmm_(p.transpose(1, 2), doc, beta=beta_kv)
@@ -484,8 +490,12 @@ class _ChunkedAttention(torch.autograd.Function):
 
 
 def _flat(t: Tensor, n: int) -> Tensor:
-    """``(..., L, E)`` -> ``(N, L, E)`` fp32 (a view when already fp32 and contiguous)."""
-    return t.reshape(n, *t.shape[-2:]).float()
+    """``(..., L, E)`` -> ``(N, L, E)`` in fp32 or wider (a view when no cast or copy is needed)."""
+    return t.reshape(n, *t.shape[-2:]).to(torch.promote_types(t.dtype, torch.float32))
+
+
+# Below this key length the custom single-pass backward beats autograd's (T=6: 15 vs 17 ms).
+_COMPOSITE_MIN_LK = 8
 
 
 def _chunked(
@@ -498,6 +508,13 @@ def _chunked(
         # are no larger than the budget or than q itself (short sequences, Lk <= E).
         whole = plan.cq == plan.lq and plan.ck == plan.lk
         small = plan.lk <= q.shape[-1] or plan.nb == plan.n
+        if whole and small and plan.lk > _COMPOSITE_MIN_LK:
+            # Probabilities are kept either way; autograd's fused softmax backward is faster
+            # here (CPU, 6,144 causal sequences: fwd+bwd 30 vs 47 ms at T=16, 112 vs 121 at 32).
+            acc = torch.promote_types(q.dtype, torch.float32)  # fp32 or wider
+            qa, ka, va = (t.to(acc) for t in (q, k, v))
+            ba = None if bias is None else bias.to(acc)
+            return _math(qa, ka, va, ba, plan.causal, scale).to(q.dtype)
         return _ChunkedAttention.apply(q, k, v, bias, plan, whole and small)
     qf, kf, vf = (_flat(t, plan.n) for t in (q, k, v))
     bf = None if bias is None else bias.reshape(plan.bias_shape)
