@@ -493,14 +493,13 @@ class WellDataset(Dataset):
         if self.train and self.stride_hi > self.stride_lo and self.window_length > 1:
             stride = int(torch.randint(self.stride_lo, self.stride_hi + 1, ()).item())
             stride = min(stride, (wf.n_time - 1 - start) // (self.window_length - 1))
+        return self._read_batch(k, traj, start, self.window_length, stride)
+
+    def _read_batch(self, k: int, traj: int, start: int, n: int, stride: int) -> Batch:
+        """``n`` frames of trajectory ``traj`` of file ``k`` from ``start``, as a B=1 batch."""
+        wf = self.files[k]
         frames = wf.read(
-            self._handle(wf.path),
-            self.selections[k],
-            traj,
-            start,
-            self.window_length,
-            stride,
-            self.check_finite,
+            self._handle(wf.path), self.selections[k], traj, start, n, stride, self.check_finite
         )  # (T, C, *S)
         x = torch.from_numpy(frames)[None]  # (1, T, C, *S)
         return Batch(
@@ -546,25 +545,7 @@ class WellDataset(Dataset):
                 f"{wf.path}: trajectory {traj} has {fit} frames at stride {stride}; asked for {n} "
                 f"(need more than n_steps_input={self.n_steps_input})"
             )
-        frames = wf.read(
-            self._handle(wf.path), self.selections[k], traj, 0, n, stride, self.check_finite
-        )
-        x = torch.from_numpy(frames)[None]  # (1, T, C, *S)
-        return Batch(
-            input_fields=x[:, : self.n_steps_input],
-            output_fields=x[:, self.n_steps_input :],
-            field_ids=self.field_ids,
-            bcs=self.bcs,
-            metadata={
-                "dataset": self.dataset,
-                "field_names": tuple(self.field_names),
-                "trajectory": torch.tensor([index]),
-                "start": torch.tensor([0]),
-                "stride": torch.tensor([stride]),
-                "dt": torch.tensor([self._dt(wf, traj, 0, stride)], dtype=torch.float64),
-                "file": [str(wf.path)],
-            },
-        )
+        return self._read_batch(k, traj, 0, n, stride)
 
 
 def read_trajectory(

@@ -22,13 +22,7 @@ from walrus.data.datamodule import channel_names, parse_dataset_specs
 from walrus.data.normalization import build_normalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well import WellDataset, WellFile, list_split_files
-from walrus.training.checkpoint import (
-    build_model,
-    load_checkpoint_file,
-    load_weights_strict,
-    model_state_dict,
-    walrus_meta,
-)
+from walrus.training.checkpoint import load_model_and_meta
 
 SPLITS = ("train", "valid", "test")
 # data config keys inference reads; the rest of a training data config is ignored
@@ -66,17 +60,14 @@ def require(cfg: DictConfig, key: str, hint: str) -> Any:
 def load_inference_checkpoint(path: str | os.PathLike) -> InferenceCheckpoint:
     """Rebuild the model, its vocabulary and its training facts from a checkpoint alone."""
     path = Path(path)
-    ckpt = load_checkpoint_file(path)
-    meta = walrus_meta(ckpt, path)
-    model = build_model(meta["model_config"])
-    load_weights_strict(model, model_state_dict(ckpt), str(path))
+    model, vocab, meta = load_model_and_meta(path)
     data_config = meta.get("data_config") or {}
     if not isinstance(data_config, Mapping):
         raise ValueError(f"checkpoint {path}: its data_config is a {type(data_config).__name__}")
     return InferenceCheckpoint(
         path=path,
         model=model.eval(),
-        vocab=FieldVocabulary.from_dict(meta["vocab"]),
+        vocab=vocab,
         predict_delta=bool(meta.get("predict_delta", True)),
         data_config=dict(data_config),
         normalizer=build_normalizer(meta.get("normalizer")),

@@ -123,11 +123,19 @@ def load_model(
     path: str | os.PathLike, map_location: Any = "cpu"
 ) -> tuple[nn.Module, FieldVocabulary]:
     """Rebuild a trained model and its field vocabulary from a walrus checkpoint alone."""
+    model, vocab, _ = load_model_and_meta(path, map_location)
+    return model, vocab
+
+
+def load_model_and_meta(
+    path: str | os.PathLike, map_location: Any = "cpu"
+) -> tuple[nn.Module, FieldVocabulary, dict[str, Any]]:
+    """``load_model`` plus the checkpoint's validated ``"walrus"`` entry."""
     ckpt = load_checkpoint_file(path, map_location)
     meta = walrus_meta(ckpt, path)
     model = build_model(meta["model_config"])
     load_weights_strict(model, model_state_dict(ckpt), str(path))
-    return model, FieldVocabulary.from_dict(meta["vocab"])
+    return model, FieldVocabulary.from_dict(meta["vocab"]), meta
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
