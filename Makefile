@@ -28,7 +28,7 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
-# Also the heavier tests: multi-process inference and the full quickstart accuracy run.
+# Also the heavier test: the full quickstart accuracy run.
 test-slow: install
 	$(PY) -m pytest -q -m ''
 

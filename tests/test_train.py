@@ -287,12 +287,14 @@ def test_training_options_run(compose_cfg, tiny_data_root, tmp_path, options):
     assert module.predict_delta == ("module.predict_delta=false" not in options)
 
 
-@pytest.mark.slow
 def test_torch_compile_option_trains(compose_cfg, tiny_data_root, tmp_path):
-    metrics, _ = _train(
+    metrics, objects = _train(
         compose_cfg, tiny_data_root, tmp_path, "debug=fast_dev_run", "module.compile=true"
     )
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    blocks = objects["module"].model.blocks
+    assert all(b._compiled_call_impl is not None for b in blocks)
+    assert not any("_orig_mod" in k for k in objects["module"].state_dict())
 
 
 def test_input_noise_targets_lead_from_noisy_inputs_to_clean_frames():

@@ -38,7 +38,9 @@ class WalrusModule(pl.LightningModule):
         val_rollout_steps: length of the short validation rollout (capped by the targets present).
         input_noise: std of Gaussian noise added to training inputs, in input RMS units
             (0 disables it); it makes long rollouts more stable.
-        compile: run the model's forward through ``torch.compile``.
+        compile: ``torch.compile`` each processor block in place (where the compute is; the
+            state dict keeps its keys). Compiling the whole model is not supported: inductor
+            mis-handles the encoder/jitter views and the inference workspace's ``out=`` writes.
         model_config: the model's resolved config, stored in checkpoints.
         vocab: the field vocabulary as a dict, stored in checkpoints.
         data_config: the resolved data config, stored so inference can default to it.
@@ -78,11 +80,13 @@ class WalrusModule(pl.LightningModule):
         self.model_config = model_config or {}
         self.vocab = vocab or {}
         self.data_config = data_config or {}
-        self._forward = torch.compile(model) if compile else model
+        if compile:
+            for block in model.blocks:
+                block.compile()
         self._step_start = time.perf_counter()
 
     def forward(self, x: Tensor, fields: Tensor, bcs: Tensor) -> Tensor:
-        return self._forward(x, fields, bcs)
+        return self.model(x, fields, bcs)
 
     def _targets(self, batch: Batch, noise_std: float = 0.0) -> tuple[Tensor, Tensor, Any]:
         """Normalised model input and normalised targets for every output frame.
