@@ -11,12 +11,14 @@ kappa |k|^2) t)``. The velocity is written as a field constant in time.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from walrus.data.synthetic.common import (
     Progress,
     Simulation,
-    if_rk4_step,
+    fill_if_rk4_frames,
     smooth_noise,
     wavenumbers,
 )
@@ -87,12 +89,8 @@ def solve(
     out[:, 0] = c0
     if progress:
         progress(1)
-    for t in range(1, steps):
-        for _ in range(n_sub):
-            c_hat = if_rk4_step(c_hat, nonlinear, e_full, e_half, dt)
-        out[:, t] = np.fft.irfftn(c_hat, s=shape, axes=(1, 2, 3))
-        if progress:
-            progress(1)
+    to_real = partial(np.fft.irfftn, s=shape, axes=(1, 2, 3))
+    fill_if_rk4_frames(out, c_hat, nonlinear, e_full, e_half, dt, n_sub, to_real, progress)
     return out
 
 

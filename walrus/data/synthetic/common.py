@@ -119,3 +119,26 @@ def if_rk4_step(
     k3 = nonlinear(e_half * u_hat + 0.5 * dt * k2)
     k4 = nonlinear(e_full * u_hat + dt * e_half * k3)
     return e_full * u_hat + dt / 6.0 * (e_full * k1 + 2.0 * e_half * (k2 + k3) + k4)
+
+
+def fill_if_rk4_frames(
+    out: np.ndarray,
+    u_hat: np.ndarray,
+    nonlinear: Callable[[np.ndarray], np.ndarray],
+    e_full: np.ndarray,
+    e_half: np.ndarray,
+    dt: float,
+    n_sub: int,
+    to_real: Callable[[np.ndarray], np.ndarray],
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Write saved frames ``1 ..`` of ``out`` ``(B, steps, ...)``: ``n_sub`` IF-RK4 steps apart.
+
+    Frame 0 is the caller's. ``to_real`` maps the spectral state to one saved frame.
+    """
+    for t in range(1, out.shape[1]):
+        for _ in range(n_sub):
+            u_hat = if_rk4_step(u_hat, nonlinear, e_full, e_half, dt)
+        out[:, t] = to_real(u_hat)
+        if progress:
+            progress(1)

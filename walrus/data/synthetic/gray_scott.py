@@ -10,9 +10,11 @@ seeds of ``A = 0.5, B = 0.25`` plus noise.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
-from walrus.data.synthetic.common import Progress, Simulation, if_rk4_step, wavenumbers
+from walrus.data.synthetic.common import Progress, Simulation, fill_if_rk4_frames, wavenumbers
 
 
 def solve(
@@ -62,12 +64,8 @@ def solve(
     out[:, 0] = np.fft.irfft2(s_hat, s=(n, n))
     if progress:
         progress(1)
-    for t in range(1, steps):
-        for _ in range(n_sub):
-            s_hat = if_rk4_step(s_hat, nonlinear, e_full, e_half, h)
-        out[:, t] = np.fft.irfft2(s_hat, s=(n, n))
-        if progress:
-            progress(1)
+    to_real = partial(np.fft.irfft2, s=(n, n))
+    fill_if_rk4_frames(out, s_hat, nonlinear, e_full, e_half, h, n_sub, to_real, progress)
     return out[:, :, 0], out[:, :, 1]
 
 

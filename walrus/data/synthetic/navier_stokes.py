@@ -8,13 +8,15 @@ Forcing ``f = amp * k_f * cos(k_f y)`` (Kolmogorov) when ``forcing_amp > 0``.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from walrus.data.synthetic.common import (
     Progress,
     Simulation,
     dealias_mask,
-    if_rk4_step,
+    fill_if_rk4_frames,
     smooth_noise,
     wavenumbers,
 )
@@ -85,12 +87,8 @@ def solve_vorticity(
     out[:, 0] = np.fft.irfft2(w_hat, s=(n, n))
     if progress:
         progress(1)
-    for t in range(1, steps):
-        for _ in range(n_sub):
-            w_hat = if_rk4_step(w_hat, nonlinear, e_full, e_half, dt)
-        out[:, t] = np.fft.irfft2(w_hat, s=(n, n))
-        if progress:
-            progress(1)
+    to_real = partial(np.fft.irfft2, s=(n, n))
+    fill_if_rk4_frames(out, w_hat, nonlinear, e_full, e_half, dt, n_sub, to_real, progress)
     return out
 
 
