@@ -297,23 +297,6 @@ def test_torch_compile_option_trains(compose_cfg, tiny_data_root, tmp_path):
     assert not any("_orig_mod" in k for k in objects["module"].state_dict())
 
 
-def test_input_noise_targets_lead_from_noisy_inputs_to_clean_frames():
-    from walrus.data.batch import Batch
-    from walrus.training.module import WalrusModule
-
-    torch.manual_seed(0)
-    x, y = torch.randn(2, 3, 2, 8, 8), torch.randn(2, 1, 2, 8, 8)
-    batch = Batch(x, y, torch.tensor([0, 1]), torch.full((2, 2), 2))
-    module = WalrusModule(torch.nn.Identity(), optimizer=torch.optim.AdamW)
-    clean_in, clean_target, stats = module._targets(batch)
-    noisy_in, noisy_target, _ = module._targets(batch, noise_std=0.1)
-    nxt = torch.cat([x[:, 1:], y], dim=1)
-    noisy_x = stats.denormalize(noisy_in)
-    assert not torch.allclose(noisy_in, clean_in)
-    torch.testing.assert_close(clean_target, stats.normalize_delta(nxt - x))
-    torch.testing.assert_close(noisy_target, stats.normalize_delta(nxt - noisy_x))
-
-
 def test_zscore_data_option_trains_with_stats_yaml(compose_cfg, tiny_data_root, tmp_path):
     from walrus.data.normalization import ZScoreNormalizer
 

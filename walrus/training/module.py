@@ -17,6 +17,9 @@ from walrus.forecast import rollout
 from walrus.training.losses import LOSSES, normalized_loss
 from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_groups
 
+ROLLOUT_MODES = ("one_step", "pushforward", "unrolled")
+NOISE_UNITS = ("input_rms", "delta_rms")
+
 
 class NonFiniteLossError(RuntimeError):
     """Raised when the training loss is NaN or Inf; the message names the step and batch."""
@@ -35,9 +38,22 @@ class WalrusModule(pl.LightningModule):
         loss_multiplier: scales the loss (the Walrus recipe uses one).
         predict_delta: predict the normalised frame delta (default) or the normalised next state.
         normalizer: fits per-sample ``NormStats`` (default ``RMSNormalizer()``).
-        val_rollout_steps: length of the short validation rollout (capped by the targets present).
-        input_noise: std of Gaussian noise added to training inputs, in input RMS units
-            (0 disables it); it makes long rollouts more stable.
+        val_rollout_steps: length of the validation rollout behind ``val/rollout_vrmse`` (capped
+            by the target frames present, ``data.val_steps_output``).
+        input_noise: std of Gaussian noise added to training inputs (0 disables it), in
+            ``noise_units``; targets lead back to the clean next frames, so the model learns to
+            correct the small errors a rollout feeds back to it.
+        noise_units: ``"delta_rms"`` (per sample and field, the RMS of the window's
+            frame-to-frame changes: the same meaning on every dataset) or ``"input_rms"`` (the
+            RMS of the window's values: on slowly changing data even a small value swamps the
+            signal).
+        rollout_mode: ``"one_step"`` (train on the next frame only), ``"pushforward"`` (roll
+            ``k - 1`` steps without gradient, then train on step ``k`` from the model's own
+            predictions) or ``"unrolled"`` (roll ``k`` steps with gradient through all of them,
+            loss averaged over the steps). Needs ``data.n_steps_output >= rollout_steps``.
+        rollout_steps: ``k``, the longest unroll.
+        rollout_curriculum: fraction of the training steps over which ``k`` grows linearly
+            from 1 to ``rollout_steps`` (0: ``rollout_steps`` from the start).
         compile: ``torch.compile`` each processor block in place (where the compute is; the
             state dict keeps its keys). Compiling the whole model is not supported: inductor
             mis-handles the encoder/jitter views and the inference workspace's ``out=`` writes.
@@ -59,6 +75,10 @@ class WalrusModule(pl.LightningModule):
         normalizer: Any = None,
         val_rollout_steps: int = 4,
         input_noise: float = 0.0,
+        noise_units: str = "delta_rms",
+        rollout_mode: str = "one_step",
+        rollout_steps: int = 1,
+        rollout_curriculum: float = 0.0,
         compile: bool = False,
         model_config: dict[str, Any] | None = None,
         vocab: dict[str, Any] | None = None,
@@ -67,6 +87,26 @@ class WalrusModule(pl.LightningModule):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"module.loss must be one of {LOSSES}, got {loss!r}")
+        if noise_units not in NOISE_UNITS:
+            raise ValueError(
+                f"module.noise_units must be one of {NOISE_UNITS}, got {noise_units!r}"
+            )
+        if rollout_mode not in ROLLOUT_MODES:
+            raise ValueError(
+                f"module.rollout_mode must be one of {ROLLOUT_MODES}, got {rollout_mode!r}"
+            )
+        if (
+            isinstance(rollout_steps, bool)
+            or not isinstance(rollout_steps, int)
+            or rollout_steps < 1
+        ):
+            raise ValueError(f"module.rollout_steps must be an int >= 1, got {rollout_steps!r}")
+        if not 0.0 <= rollout_curriculum <= 1.0:
+            raise ValueError(
+                f"module.rollout_curriculum must be in [0, 1], got {rollout_curriculum!r}"
+            )
+        if input_noise < 0:
+            raise ValueError(f"module.input_noise must be >= 0, got {input_noise!r}")
         self.model = model
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
@@ -77,6 +117,10 @@ class WalrusModule(pl.LightningModule):
         self.normalizer = normalizer if normalizer is not None else RMSNormalizer()
         self.val_rollout_steps = val_rollout_steps
         self.input_noise = input_noise
+        self.noise_units = noise_units
+        self.rollout_mode = rollout_mode
+        self.rollout_steps = 1 if rollout_mode == "one_step" else rollout_steps
+        self.rollout_curriculum = rollout_curriculum
         self.model_config = model_config or {}
         self.vocab = vocab or {}
         self.data_config = data_config or {}
@@ -88,35 +132,84 @@ class WalrusModule(pl.LightningModule):
     def forward(self, x: Tensor, fields: Tensor, bcs: Tensor) -> Tensor:
         return self.model(x, fields, bcs)
 
-    def _targets(self, batch: Batch, noise_std: float = 0.0) -> tuple[Tensor, Tensor, Any]:
+    def _noise(self, x: Tensor, scale: Tensor) -> Tensor:
+        """Gaussian noise of ``input_noise`` units for a window ``x`` ``(B, T, C, *S)``."""
+        if self.noise_units == "delta_rms" and x.shape[1] > 1:
+            dims = (1, *range(3, x.ndim))
+            d = x[:, 1:].float() - x[:, :-1].float()  # (B, T-1, C, *S)
+            scale = d.square().mean(dim=dims, keepdim=True).sqrt()  # (B, 1, C, 1, ...)
+        return self.input_noise * scale * torch.randn_like(x)
+
+    def _targets(
+        self, window: Tensor, frames: Tensor, offset: int, names: Any, noise: bool = False
+    ) -> tuple[Tensor, Tensor, Any]:
         """Normalised model input and normalised targets for every output frame.
 
-        With ``noise_std > 0`` the inputs get Gaussian noise of that many input RMS units, and
-        delta targets lead from the noisy frame to the clean next one, so the model learns to
-        correct the small errors a rollout feeds back to it.
+        Args:
+            window: ``(B, Ti, C, *S)`` input frames (ground truth, or the model's own predictions
+                during an unroll), physical units.
+            frames: ``(B, Ti + To, C, *S)`` the sample's true frames.
+            offset: ``window`` stands in for ``frames[:, offset : offset + Ti]``.
+            names: field names for the normaliser.
+            noise: add ``input_noise``; delta targets then lead from the noisy frame to the
+                clean next one.
         """
-        x, y = batch.input_fields, batch.output_fields  # (B, Ti, C, *S), (B, To, C, *S)
-        if y.shape[1] < 1:
-            raise ValueError("training needs at least one target frame (n_steps_output >= 1)")
-        names = batch.metadata.get("field_names")
-        stats = self.normalizer.fit(x, names)
-        t_in = x.shape[1]
-        if noise_std > 0:
-            x = x + noise_std * stats.scale * torch.randn_like(x)  # (B, Ti, C, *S)
-        full = torch.cat([x, y], dim=1)  # (B, Ti + To, C, *S)
-        causal = getattr(self.model, "causal", True)
-        if causal:
-            nxt = torch.cat([batch.input_fields[:, 1:], y[:, :1]], dim=1)  # (B, Ti, C, *S) clean
-            prev = full[:, :t_in]  # (B, Ti, C, *S)
+        stats = self.normalizer.fit(window, names)
+        t_in = window.shape[1]
+        x = window + self._noise(window, stats.scale) if noise and self.input_noise > 0 else window
+        if getattr(self.model, "causal", True):
+            nxt = frames[:, offset + 1 : offset + 1 + t_in]  # (B, Ti, C, *S) clean successors
+            prev = x  # (B, Ti, C, *S)
         else:
-            nxt, prev = full[:, t_in : t_in + 1], full[:, t_in - 1 : t_in]  # (B, 1, C, *S)
+            nxt = frames[:, offset + t_in : offset + t_in + 1]  # (B, 1, C, *S)
+            prev = x[:, -1:]  # (B, 1, C, *S)
         target = stats.normalize_delta(nxt - prev) if self.predict_delta else stats.normalize(nxt)
         return stats.normalize(x), target, stats
 
+    def _next_frame(self, window: Tensor, pred: Tensor, stats: Any) -> Tensor:
+        """The physical frame after ``window`` from the model's last output ``(B, 1, C, *S)``."""
+        if self.predict_delta:
+            return window[:, -1:] + stats.denormalize_delta(pred)  # (B, 1, C, *S)
+        return stats.denormalize(pred)
+
+    def unroll_steps(self) -> int:
+        """The unroll length ``k`` at the current global step (curriculum applied)."""
+        k = self.rollout_steps
+        if k == 1 or self.rollout_curriculum <= 0 or self._trainer is None:
+            return k
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        ramp = max(self.rollout_curriculum * total, 1.0)
+        return 1 + min(k - 1, int((k - 1) * self.global_step / ramp + 0.5))
+
+    def _check_frames(self, batch: Batch, k: int) -> None:
+        if batch.output_fields.shape[1] < k:
+            raise ValueError(
+                f"module.rollout_steps={k} needs {k} target frames per training window, but the "
+                f"batch has {batch.output_fields.shape[1]}; set data.n_steps_output >= {k}"
+            )
+
+    def _rollout_loss(self, batch: Batch) -> Tensor:
+        """Loss of a one-step, pushforward or unrolled prediction (see ``rollout_mode``)."""
+        k = self.unroll_steps()
+        self._check_frames(batch, max(k, 1))
+        names = batch.metadata.get("field_names")
+        frames = torch.cat([batch.input_fields, batch.output_fields], dim=1)  # (B, Ti+To, C, *S)
+        window = batch.input_fields  # (B, Ti, C, *S)
+        losses = []
+        for j in range(k):
+            grad = j == k - 1 or self.rollout_mode == "unrolled"
+            with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+                x_n, target, stats = self._targets(window, frames, j, names, noise=j == 0)
+                pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
+                if grad:
+                    losses.append(normalized_loss(pred, target, self.loss_kind))
+                if j < k - 1:
+                    nxt = self._next_frame(window, pred[:, -1:].float(), stats)
+                    window = torch.cat([window[:, 1:], nxt.to(window.dtype)], dim=1)
+        return torch.stack(losses).mean() * self.loss_multiplier
+
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        x_n, target, _ = self._targets(batch, self.input_noise)
-        pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
-        loss = normalized_loss(pred, target, self.loss_kind) * self.loss_multiplier
+        loss = self._rollout_loss(batch)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"training loss became {loss.item()} at global step {self.global_step} "
@@ -129,6 +222,8 @@ class WalrusModule(pl.LightningModule):
         self._step_start = now
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.batch_size)
         self.log("train/samples_per_s", rate, prog_bar=True, batch_size=batch.batch_size)
+        if self.rollout_steps > 1:
+            self.log("train/unroll_steps", float(self.unroll_steps()), batch_size=batch.batch_size)
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -138,7 +233,9 @@ class WalrusModule(pl.LightningModule):
         self.log("train/lr", optimizer.param_groups[0]["lr"])
 
     def validation_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        x_n, target, stats = self._targets(batch)
+        frames = torch.cat([batch.input_fields, batch.output_fields], dim=1)  # (B, Ti+To, C, *S)
+        names = batch.metadata.get("field_names")
+        x_n, target, stats = self._targets(batch.input_fields, frames, 0, names)
         pred = self(x_n, batch.field_ids, batch.bcs)
         b = batch.batch_size
         self.log("val/loss", normalized_loss(pred, target, self.loss_kind), batch_size=b)
