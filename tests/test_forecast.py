@@ -243,3 +243,64 @@ def test_bad_inputs() -> None:
     with pytest.raises(ValueError, match="field names"):
         list(rollout(ZeroModel(), batch, 1, field_names=["a"]))
     assert list(rollout(ZeroModel(), batch, 0)) == []
+
+
+class SeedNoiseModel(nn.Module):
+    """Zero delta plus a small perturbation drawn from the jitter seed (a stand-in for jitter)."""
+
+    def forward(self, x: Tensor, fields: Tensor, bcs: Tensor, *, jitter_seed: int | None = None):
+        g = torch.Generator().manual_seed(int(jitter_seed))
+        return 0.1 * torch.randn(x.shape, generator=g, dtype=x.dtype)
+
+
+def _ens_batch() -> Batch:
+    x = torch.randn(2, 3, 2, 8, 8, generator=torch.Generator().manual_seed(3))
+    return Batch(x, x[:, :0], torch.tensor([0, 1]), torch.full((2, 2), 2))
+
+
+def test_ensemble_mean_and_spread_are_those_of_the_member_rollouts():
+    from walrus.forecast import MEMBER_SEED_STRIDE, ensemble_rollout
+
+    model, batch = SeedNoiseModel(), _ens_batch()
+    out = list(ensemble_rollout(model, batch, 4, members=3, jitter_seed=7))
+    runs = [
+        torch.stack(list(rollout(model, batch, 4, jitter_seed=7 + m * MEMBER_SEED_STRIDE)))
+        for m in range(3)
+    ]  # each (S, B, C, H, W)
+    stack = torch.stack(runs)  # (M, S, B, C, H, W)
+    assert len(out) == 4
+    for s, (mean, spread) in enumerate(out):
+        torch.testing.assert_close(mean, stack[:, s].mean(0))
+        torch.testing.assert_close(spread, stack[:, s].std(0, correction=0))
+        assert spread.min() >= 0 and spread.mean() > 0
+    # Member 0 is the plain seeded rollout; one member has zero spread.
+    ((mean1, spread1),) = list(ensemble_rollout(model, batch, 1, members=1, jitter_seed=7))
+    torch.testing.assert_close(mean1, runs[0][0])
+    assert torch.count_nonzero(spread1) == 0
+
+
+def test_ensemble_of_a_jittered_walrus_spreads_and_is_reproducible():
+    from walrus.forecast import ensemble_rollout
+    from walrus.model.walrus import Walrus
+
+    torch.manual_seed(0)
+    model = Walrus(4, 32, 1, 2, projection_dim=8, intermediate_dim=16, groups=4, jitter=True)
+    model.eval()
+    x = torch.randn(1, 3, 2, 32, 32)
+    batch = Batch(x, x[:, :0], torch.tensor([0, 1]), torch.full((2, 2), 2))
+    a = list(ensemble_rollout(model, batch, 2, members=3, jitter_seed=5))
+    b = list(ensemble_rollout(model, batch, 2, members=3, jitter_seed=5))
+    for (ma, sa), (mb, sb) in zip(a, b):
+        assert torch.equal(ma, mb) and torch.equal(sa, sb)
+    assert a[-1][1].mean() > 0  # jitter makes members differ
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"members": 0, "jitter_seed": 1}, "members"), ({"members": 2, "jitter_seed": None}, "seed")],
+)
+def test_ensemble_bad_arguments(kwargs, match):
+    from walrus.forecast import ensemble_rollout
+
+    with pytest.raises(ValueError, match=match):
+        next(ensemble_rollout(ZeroModel(), _ens_batch(), 1, **kwargs))

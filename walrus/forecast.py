@@ -5,6 +5,9 @@ normalised delta to the next frame (``predict_delta=True``, the Walrus default) 
 next frame itself. ``predict_next`` maps that back to physical units; ``rollout`` repeats it,
 feeding each prediction back into a sliding window of fixed length.
 
+``ensemble_rollout`` runs several jittered rollouts of the same trajectories side by side and
+yields their mean and spread.
+
 Model interface: ``model(x (B, T, C, *spatial), fields (C,) long, bcs (n_spatial, 2) long, *,
 jitter_seed=None) -> (B, T', C, *spatial)`` with ``T' = T`` (causal) or ``T' = 1``.
 """
@@ -22,6 +25,8 @@ from walrus.data.batch import Batch
 from walrus.data.normalization import RMSNormalizer, ZScoreNormalizer
 
 Normalizer = RMSNormalizer | ZScoreNormalizer
+# Ensemble member m rolls out with jitter seeds jitter_seed + m * MEMBER_SEED_STRIDE + step - 1.
+MEMBER_SEED_STRIDE = 1_000_003
 
 
 class RolloutDivergedError(ValueError):
@@ -175,6 +180,48 @@ def rollout(
         if check_finite:
             _check_finite(pred, step, names)
         yield pred.clone()
+
+
+def ensemble_rollout(
+    model: nn.Module,
+    batch: Batch,
+    steps: int,
+    *,
+    members: int,
+    jitter_seed: int,
+    **kwargs: Any,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Roll ``members`` jittered copies of each trajectory out side by side.
+
+    Member ``m`` is :func:`rollout` with jitter seed ``jitter_seed + m * MEMBER_SEED_STRIDE``, so
+    members differ only by their jitter draws (patch-grid shifts, latent rolls) and every run is
+    reproducible. Member 0 is exactly ``rollout(..., jitter_seed=jitter_seed)``.
+
+    Args:
+        model, batch, steps: as for :func:`rollout`; the model must jitter when given a seed.
+        members: ensemble size (>= 1).
+        jitter_seed: base seed (required: without jitter the members would be identical).
+        **kwargs: passed to :func:`rollout` (normalizer, predict_delta, autocast_dtype, ...).
+
+    Yields:
+        ``(mean, spread)``, each ``(B, C, *spatial)``: the members' mean and their standard
+        deviation (population, 0 for one member) at each step.
+
+    Raises:
+        RolloutDivergedError: a member's prediction held NaN/Inf (when ``check_finite``).
+    """
+    if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+        raise ValueError(f"members must be an int >= 1, got {members!r}")
+    if jitter_seed is None:
+        raise ValueError("an ensemble needs a jitter_seed: its members differ by their jitter")
+    runs = [
+        rollout(model, batch, steps, jitter_seed=jitter_seed + m * MEMBER_SEED_STRIDE, **kwargs)
+        for m in range(members)
+    ]
+    for preds in zip(*runs):
+        stack = torch.stack(preds)  # (M, B, C, *spatial)
+        spread, mean = torch.std_mean(stack, dim=0, correction=0)
+        yield mean, spread
 
 
 def _check_finite(pred: Tensor, step: int, names: Sequence[str] | None) -> None:

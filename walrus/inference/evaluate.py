@@ -27,7 +27,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Score one-step predictions over a split and write ``metrics.json``.
 
     Options (``configs/infer.yaml``): ``ckpt_path``, ``data``, ``split``, ``max_windows``
-    (evenly spaced windows kept per dataset; ``null`` keeps all), ``batch_size``, ``jitter``,
+    (evenly spaced windows kept per dataset; ``null`` keeps all), ``batch_size``, ``jitter``, ``ensemble``,
     ``seed``, ``bf16``, ``out``, ``trainer``.
 
     Returns:
@@ -53,6 +53,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         predict_delta=prep.ckpt.predict_delta,
         normalizer=prep.ckpt.normalizer,
         jitter_seed=prep.jitter_seed,
+        members=prep.members,
         autocast_dtype=prep.autocast_dtype,
         keep_predictions=False,
     )
@@ -76,6 +77,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         "time_stride": prep.data["time_stride"],
         "predict_delta": prep.ckpt.predict_delta,
         "jitter_seed": prep.jitter_seed,
+        "ensemble": prep.members,
         "bf16": prep.autocast_dtype is not None,
         "notes": notes,
         "datasets": {

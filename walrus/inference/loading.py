@@ -48,6 +48,7 @@ class InferenceCheckpoint:
     predict_delta: bool
     data_config: dict[str, Any] = field(default_factory=dict)
     normalizer: Any = None
+    inference_jitter: bool = False
 
 
 def require(cfg: DictConfig, key: str, hint: str) -> Any:
@@ -71,7 +72,23 @@ def load_inference_checkpoint(path: str | os.PathLike) -> InferenceCheckpoint:
         predict_delta=bool(meta.get("predict_delta", True)),
         data_config=dict(data_config),
         normalizer=build_normalizer(meta.get("normalizer")),
+        inference_jitter=_inference_jitter(meta, model, path),
     )
+
+
+def _inference_jitter(meta: Mapping[str, Any], model: nn.Module, path: Path) -> bool:
+    """Whether rollouts of this checkpoint jitter by default (``walrus.inference.jitter``).
+
+    Checkpoints that do not say follow the model: jitter at inference when it was built with
+    ``jitter=True``.
+    """
+    inference = meta.get("inference") or {}
+    if not isinstance(inference, Mapping):
+        raise ValueError(f"checkpoint {path}: walrus.inference is a {type(inference).__name__}")
+    value = inference.get("jitter", bool(getattr(model, "jitter", False)))
+    if not isinstance(value, bool):
+        raise ValueError(f"checkpoint {path}: walrus.inference.jitter must be true or false")
+    return value
 
 
 def resolve_data_config(override: Mapping[str, Any] | None, ckpt: InferenceCheckpoint) -> dict:
@@ -217,6 +234,7 @@ class Prepared:
     batch_size: int
     jitter_seed: int | None
     autocast_dtype: torch.dtype | None
+    members: int = 1
 
 
 def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
@@ -227,11 +245,22 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
         raise NotADirectoryError(f"option out={out} is a file, expected a directory")
     batch_size = positive_int(cfg, "batch_size")
     seed = positive_int(cfg, "seed", minimum=0)
-    for key in ("jitter", "bf16"):
-        if not isinstance(cfg.get(key), bool):
-            raise ValueError(f"option {key} must be true or false, got {cfg.get(key)!r}")
+    members = positive_int(cfg, "ensemble") if "ensemble" in cfg else 1
+    if not isinstance(cfg.get("bf16"), bool):
+        raise ValueError(f"option bf16 must be true or false, got {cfg.get('bf16')!r}")
+    if cfg.get("jitter") not in (None, True, False):
+        raise ValueError(
+            f"option jitter must be true, false or null (the checkpoint's default), got "
+            f"{cfg.get('jitter')!r}"
+        )
     pl.seed_everything(seed, verbose=False)
     ckpt = load_inference_checkpoint(ckpt_path)
+    jitter = ckpt.inference_jitter if cfg.get("jitter") is None else bool(cfg.jitter)
+    if members > 1 and not jitter:
+        raise ValueError(
+            f"option ensemble={members} needs jitter=true: the members differ only by their "
+            "jitter draws"
+        )
     data = resolve_data_config(_plain(cfg.get("data")), ckpt)
     datasets = open_datasets(data, str(cfg.split), ckpt, n_steps_output=n_steps_output)
     return Prepared(
@@ -240,6 +269,7 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
         datasets=datasets,
         out=out,
         batch_size=batch_size,
-        jitter_seed=seed if cfg.jitter else None,
+        jitter_seed=seed if jitter else None,
         autocast_dtype=torch.bfloat16 if cfg.bf16 else None,
+        members=members,
     )

@@ -57,7 +57,7 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
     """Roll out every selected trajectory, then write metrics, predictions and plots.
 
     Options (``configs/infer.yaml``): ``ckpt_path``, ``data``, ``split``, ``trajectories``,
-    ``start``, ``steps``, ``batch_size``, ``jitter``, ``seed``, ``bf16``, ``save_predictions``,
+    ``start``, ``steps``, ``batch_size``, ``jitter``, ``ensemble``, ``seed``, ``bf16``, ``save_predictions``,
     ``plots``, ``progress``, ``out``, ``trainer``.
 
     Returns:
@@ -111,6 +111,7 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         predict_delta=prep.ckpt.predict_delta,
         normalizer=prep.ckpt.normalizer,
         jitter_seed=prep.jitter_seed,
+        members=prep.members,
         autocast_dtype=prep.autocast_dtype,
         keep_predictions=bool(cfg.save_predictions or cfg.plots),
         progress=bool(cfg.progress),
@@ -139,6 +140,7 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         "time_stride": stride,
         "predict_delta": prep.ckpt.predict_delta,
         "jitter_seed": prep.jitter_seed,
+        "ensemble": prep.members,
         "bf16": prep.autocast_dtype is not None,
         "notes": notes,
         "datasets": {},
@@ -212,6 +214,7 @@ def _write_dataset_files(
     if not cfg.plots or not entry["metrics"]["steps"]:
         return files
     files.append(plot_error_curves(entry["metrics"], out / "vrmse.png", "vrmse"))
+    files.append(plot_error_curves(entry["metrics"], out / "spectral.png", "spectral"))
     pred = preds[0]  # (S_done, C, *sp) of the first selected trajectory
     if pred.shape[0] >= 1:
         truth = load_rollout_sample(

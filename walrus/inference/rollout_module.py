@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from walrus.data.batch import Batch, collate
 from walrus.data.normalization import RMSNormalizer
-from walrus.forecast import Normalizer, RolloutDivergedError, rollout
+from walrus.forecast import Normalizer, RolloutDivergedError, ensemble_rollout, rollout
 from walrus.metrics import RolloutMetrics
 
 
@@ -103,6 +103,8 @@ class RolloutModule(pl.LightningModule):
         predict_delta: the checkpoint's ``predict_delta``.
         normalizer: per-window normaliser (``RMSNormalizer()`` as in training by default).
         jitter_seed: ``None`` turns patch jitter off; an int makes it on and reproducible.
+        members: ensemble size; more than one rolls out that many jittered copies of each
+            trajectory (needs ``jitter_seed``), scores their mean and keeps their spread.
         autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast.
         keep_predictions: keep every predicted frame (on the CPU) for ``predictions.hdf5``.
         progress: show a progress bar of rollout steps (rank 0 only).
@@ -110,7 +112,9 @@ class RolloutModule(pl.LightningModule):
 
     Attributes (after a run and ``gather``):
         metrics: dataset name -> ``RolloutMetrics``.
-        predictions: ``(dataset, trajectory)`` -> ``(S_done, C, *spatial)`` float32 array.
+        predictions: ``(dataset, trajectory)`` -> ``(S_done, C, *spatial)`` float32 array (the
+            ensemble mean with ``members > 1``).
+        spreads: like ``predictions``, the members' standard deviation (``members > 1`` only).
         diverged: one record per batch that hit NaN/Inf: dataset, trajectories, step, fields.
     """
 
@@ -122,6 +126,7 @@ class RolloutModule(pl.LightningModule):
         predict_delta: bool = True,
         normalizer: Normalizer | None = None,
         jitter_seed: int | None = None,
+        members: int = 1,
         autocast_dtype: torch.dtype | None = None,
         keep_predictions: bool = True,
         progress: bool = False,
@@ -132,7 +137,10 @@ class RolloutModule(pl.LightningModule):
         self.plans = dict(plans)
         self.predict_delta = predict_delta
         self.normalizer = normalizer if normalizer is not None else RMSNormalizer()
+        if members > 1 and jitter_seed is None:
+            raise ValueError(f"an ensemble of {members} members needs jitter on (a jitter seed)")
         self.jitter_seed = jitter_seed
+        self.members = members
         self.autocast_dtype = autocast_dtype
         self.keep_predictions = keep_predictions
         self.progress = progress
@@ -147,18 +155,28 @@ class RolloutModule(pl.LightningModule):
             for name, plan in self.plans.items()
         }
         self.predictions: dict[tuple[str, int], np.ndarray] = {}
+        self.spreads: dict[tuple[str, int], np.ndarray] = {}
         self.diverged: list[dict[str, Any]] = []
 
     def _rollout(self, batch: Batch, steps: int) -> Any:
-        return rollout(
-            self.model,
-            batch,
-            steps,
-            normalizer=self.normalizer,
-            predict_delta=self.predict_delta,
-            jitter_seed=self.jitter_seed,
-            autocast_dtype=self.autocast_dtype,
-        )
+        """Yields ``(prediction, spread or None)`` per step, each ``(B, C, *sp)``."""
+        kwargs = {
+            "normalizer": self.normalizer,
+            "predict_delta": self.predict_delta,
+            "autocast_dtype": self.autocast_dtype,
+        }
+        if self.members > 1:
+            yield from ensemble_rollout(
+                self.model,
+                batch,
+                steps,
+                members=self.members,
+                jitter_seed=self.jitter_seed,
+                **kwargs,
+            )
+            return
+        for pred in rollout(self.model, batch, steps, jitter_seed=self.jitter_seed, **kwargs):
+            yield pred, None
 
     def _start(self, total: int | None) -> None:
         self.model.eval()
@@ -210,12 +228,15 @@ class RolloutModule(pl.LightningModule):
         steps = batch.output_fields.shape[1]
         last = batch.input_fields[:, -1]  # (B, C, *sp) persistence prediction
         frames: list[torch.Tensor] = []
+        spreads: list[torch.Tensor] = []
         done = 0
         try:
-            for step, pred in enumerate(self._rollout(batch, steps), start=1):  # (B, C, *sp)
+            for step, (pred, spread) in enumerate(self._rollout(batch, steps), start=1):
                 metrics.update(step, pred, batch.output_fields[:, step - 1], last)
                 if self.keep_predictions:
-                    frames.append(pred.float().cpu())
+                    frames.append(pred.float().cpu())  # (B, C, *sp)
+                    if spread is not None:
+                        spreads.append(spread.float().cpu())
                 done = step
                 if self._bar is not None:
                     self._bar.advance(self._task)
@@ -229,15 +250,18 @@ class RolloutModule(pl.LightningModule):
                 if frames
                 else batch.output_fields[:, :0].float().cpu()
             )
+            spread_stack = torch.stack(spreads, dim=1) if spreads else None  # (B, S_done, C, *sp)
             for b, traj in enumerate(batch.metadata["trajectory"].tolist()):
                 self.predictions[(name, int(traj))] = stacked[b].numpy()
+                if spread_stack is not None:
+                    self.spreads[(name, int(traj))] = spread_stack[b].numpy()
         return done
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         """Score the one-step prediction of each window against its target frame."""
         name = batch.metadata["dataset"]
         try:
-            pred = next(iter(self._rollout(batch, 1)))  # (B, C, *sp)
+            pred, _ = next(iter(self._rollout(batch, 1)))  # (B, C, *sp)
         except RolloutDivergedError as err:
             self._record_divergence(batch, err)
             return
@@ -253,9 +277,12 @@ class RolloutModule(pl.LightningModule):
         for name in sorted(self.metrics):
             self.metrics[name].all_reduce()
         gathered: list[Any] = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(gathered, (self.predictions, self.diverged))
-        self.predictions, self.diverged = {}, []
-        for preds, diverged in gathered:
+        torch.distributed.all_gather_object(
+            gathered, (self.predictions, self.spreads, self.diverged)
+        )
+        self.predictions, self.spreads, self.diverged = {}, {}, []
+        for preds, spreads, diverged in gathered:
             self.predictions.update(preds)
+            self.spreads.update(spreads)
             self.diverged.extend(diverged)
         self.diverged.sort(key=lambda d: (d["dataset"], d["trajectories"]))
