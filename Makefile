@@ -6,12 +6,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test test-slow lint format demo clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned: a bare install pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]' torch==2.13.0
+	# Test-only reference for walrus.metrics; --no-deps because it pins fsspec, and what its
+	# metrics import (torch, numpy, h5py, pyyaml, einops, fsspec, matplotlib) is installed above.
+	$(PY) -m pip install -q --no-deps the-well==1.2.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -19,6 +19,7 @@ from walrus.data.vocab import FieldVocabulary
 from walrus.data.well import read_trajectory
 from walrus.data.writer import write_well_file
 from walrus.inference import command_override, run
+from walrus.metrics import METRICS
 from walrus.training.checkpoint import atomic_torch_save, build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,7 +137,7 @@ def test_cli_rollout_writes_every_file(toy: dict[str, Path]) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("metrics.json", "predictions.hdf5", "vrmse.png", "snapshots.png"):
+    for name in ("metrics.json", "predictions.hdf5", "vrmse.png", "spectral.png", "snapshots.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert (out / "rollout.gif").is_file() or (out / "rollout.mp4").is_file()
     assert not list(out.glob(".*.tmp*")), "temporary files left behind"
@@ -147,12 +148,14 @@ def test_cli_rollout_writes_every_file(toy: dict[str, Path]) -> None:
     assert metrics["fields"] == ["u", "velocity_x", "velocity_y"]
     assert metrics["count"] == [2] * 4
     for source in ("model", "persistence"):
-        for metric in ("vrmse", "nrmse", "spectral"):
+        for metric in METRICS:
             block = metrics[source][metric]
             assert len(block["per_step"]["u"]) == 4
             assert set(block["windows"]["u"]) == {"1", "2-10"}
     # the table names the windows and both sources
     assert "VRMSE model" in proc.stdout and "2-10" in proc.stdout
+    assert "high k persist." in proc.stdout  # the binned spectral MSE table
+    assert metrics["spectral_bins"]["grid"] == [RES, RES]
 
 
 def test_predictions_round_trip_through_reader(toy: dict[str, Path], tmp_path: Path) -> None:
@@ -345,7 +348,7 @@ def test_ddp_two_processes_match_single_process(toy: dict[str, Path], tmp_path: 
     alone = single["metrics"]["datasets"]["toy"]["metrics"]
     assert merged["count"] == alone["count"] == [3] * 4  # every trajectory once, none twice
     for source in ("model", "persistence"):
-        for metric in ("vrmse", "nrmse", "spectral"):
+        for metric in METRICS:
             for field in alone["fields"]:
                 np.testing.assert_allclose(
                     merged[source][metric]["per_step"][field],

@@ -35,6 +35,16 @@ def test_plot_error_curves(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["vrmse.png"]  # no temp file left
     with pytest.raises(ValueError, match="metric"):
         plot_error_curves(acc.to_dict(), tmp_path / "x.png", metric="bogus")
+    # the binned spectral MSE: one panel per field and bin, or one bin alone
+    spectral = plot_error_curves(acc.to_dict(), tmp_path / "spectral.png", metric="spectral")
+    assert spectral.read_bytes()[:4] == PNG_MAGIC
+    assert spectral.stat().st_size > out.stat().st_size  # 6 panels against 2
+    high = plot_error_curves(acc.to_dict(), tmp_path / "high.png", metric="spectral_high")
+    assert high.read_bytes()[:4] == PNG_MAGIC
+    legacy = {**acc.to_dict(), "model": {"vrmse": acc.to_dict()["model"]["vrmse"]}}
+    with pytest.raises(ValueError, match="spectral_low"):
+        plot_error_curves(legacy, tmp_path / "y.png", metric="spectral")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["high.png", "spectral.png", "vrmse.png"]
 
 
 @pytest.mark.parametrize("spatial", [(16,), (8, 8), (6, 6, 4)])

@@ -1,33 +1,38 @@
-"""Rollout error metrics following The Well's definitions, and their accumulation.
+"""Rollout error metrics with The Well's definitions, and their accumulation.
 
 Every metric takes ``pred`` and ``truth`` shaped ``(..., C, *spatial)``, reduces over the
-spatial axes only, and returns one value per field ``(..., C)``. ``n_spatial`` is the number of
-trailing spatial axes; when omitted it is inferred as ``ndim - 2``, i.e. the tensors must then be
-``(B, C, *spatial)`` with exactly one leading axis.
+spatial axes only, and returns one value per field ``(..., C)`` (the binned spectral MSE adds a
+trailing bin axis). ``n_spatial`` is the number of trailing spatial axes; when omitted it is
+inferred as ``ndim - 2``, i.e. the tensors must then be ``(B, C, *spatial)`` with exactly one
+leading axis. Values are computed in float64 for float64 inputs, else in float32.
 
-Definitions (mean over space written <.>):
+Definitions, matching The Well's benchmark package (``the_well.benchmark.metrics``, tested
+against it to 1e-6). Mean over the N grid points written <.>, eps = 1e-7:
 
 - ``mse``    = <(pred - truth)^2>
-- ``vrmse``  = sqrt(mse / (<(truth - <truth>)^2> + eps)), eps = 1e-7 as in The Well. 1.0 is as
-  good as predicting the spatial mean; 0 is exact.
-- ``nrmse``  = sqrt(mse / (<truth^2> + eps)), eps = 1e-7.
-- ``spectral_error`` = mean over radial wavenumber shells k = 1..n_bins of
-  (log10((P_pred(k) + f) / (P_truth(k) + f)))^2, the mean squared log10 error of the isotropic
-  power spectrum. P(k) is the power of the modes whose normalised wavenumber
-  |kappa| = sqrt(sum_i (2 f_i)^2) (f_i in cycles per grid cell, so |kappa| = 1 is Nyquist) rounds
-  to k / n_bins; the mean (k = 0) and the corner modes beyond Nyquist are left out.
-  ``n_bins`` defaults to half the smallest non-singleton grid size, i.e. one shell per integer
-  wavenumber on a square grid. The floor f = 1e-8 * total truth power keeps shells where both
-  spectra are (numerically) empty from counting. A prediction off by a factor a everywhere scores
-  (2 log10 a)^2 in every shell that holds power.
+- ``vrmse``  = sqrt(mse / (std(truth)^2 + eps)), std the unbiased (N - 1) standard deviation
+  over space, as ``torch.std``. 1.0 is about as good as predicting the spatial mean; 0 is exact.
+- ``nrmse``  = sqrt(mse / (<truth^2> + eps)).
+- ``binned_spectral_mse`` = per wavenumber bin b, the residual power over the true power,
+  ``sum_{k in b} |F(pred - truth)_k|^2 / (sum_{k in b} |F(truth)_k|^2 + eps * N^2)``
+  (F the unnormalised DFT; with Parseval, numerator and denominator are the bin's share of the
+  mse and of <truth^2>, and the eps is on that scale). The bins split the isotropic angular
+  wavenumber |k| = sqrt(sum_i (2 pi f_i)^2) (f_i in cycles per grid cell, so |k| runs from 0
+  to pi sqrt(d) in d dimensions) at edges 0 < e1 < e2 < e3, with e1, e2 log-spaced between
+  2 pi / max(grid) and e3 = pi sqrt(d) + 1e-6: "low" is [0, e1) (it holds the mean),
+  "mid" [e1, e2), "high" [e2, e3). 0 is exact, 1 is as bad as predicting zero in that band.
+  Bin membership is decided in float32 on the CPU, as The Well decides it, so that modes lying
+  on an edge (on 32^2 or 256^2 grids, for instance) land in the same bin.
 
 Step windows: ``window_means`` averages per-step values over the windows 1, 2-10, 11-30, 31-60 and
-61+ (1-based steps), and ``RolloutMetrics`` accumulates sums and counts, so that results gathered
-across processes equal a single-process run.
+61+ (1-based steps), and ``RolloutMetrics`` accumulates sums and counts of every metric
+(``METRICS``: VRMSE, NRMSE and the three spectral bins), so that results gathered across processes
+equal a single-process run.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,8 +41,13 @@ import torch
 from torch import Tensor
 
 EPS = 1e-7
-SPECTRAL_FLOOR = 1e-8
-METRICS = ("vrmse", "nrmse", "spectral")
+SPECTRAL_BINS = ("low", "mid", "high")
+METRICS = ("vrmse", "nrmse", *(f"spectral_{b}" for b in SPECTRAL_BINS))
+METRIC_LABELS = {
+    "vrmse": "VRMSE",
+    "nrmse": "NRMSE",
+    **{f"spectral_{b}": f"spectral MSE, {b} k" for b in SPECTRAL_BINS},
+}
 SOURCES = ("model", "persistence")
 WINDOWS: tuple[tuple[int, int | None], ...] = ((1, 1), (2, 10), (11, 30), (31, 60), (61, None))
 
@@ -56,101 +66,105 @@ def _spatial_axes(pred: Tensor, truth: Tensor, n_spatial: int | None) -> tuple[i
     return tuple(range(-n_spatial, 0))
 
 
+def _work_dtype(*xs: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32."""
+    return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
+
+
 def mse(pred: Tensor, truth: Tensor, *, n_spatial: int | None = None) -> Tensor:
     """Mean squared error over space: ``(..., C, *spatial) -> (..., C)``."""
     axes = _spatial_axes(pred, truth, n_spatial)
-    return (pred.float() - truth.float()).square().mean(dim=axes)
+    dtype = _work_dtype(pred, truth)
+    return (pred.to(dtype) - truth.to(dtype)).square().mean(dim=axes)
 
 
 def vrmse(pred: Tensor, truth: Tensor, *, n_spatial: int | None = None, eps: float = EPS) -> Tensor:
-    """Variance-scaled RMSE: ``sqrt(mse / (var(truth) + eps))``, ``(..., C, *sp) -> (..., C)``."""
+    """Variance-scaled RMSE, ``sqrt(mse / (var(truth) + eps))`` with the unbiased variance.
+
+    ``(..., C, *spatial) -> (..., C)``. Needs at least 2 grid points.
+    """
     axes = _spatial_axes(pred, truth, n_spatial)
-    var = truth.float().var(dim=axes, unbiased=False)  # (..., C)
+    if math.prod(truth.shape[axes[0] :]) < 2:
+        raise ValueError(f"vrmse needs at least 2 grid points, got shape {tuple(truth.shape)}")
+    var = truth.to(_work_dtype(pred, truth)).var(dim=axes, correction=1)  # (..., C)
     return (mse(pred, truth, n_spatial=len(axes)) / (var + eps)).sqrt()
 
 
 def nrmse(pred: Tensor, truth: Tensor, *, n_spatial: int | None = None, eps: float = EPS) -> Tensor:
     """Norm-scaled RMSE: ``sqrt(mse / (mean(truth^2) + eps))``, ``(..., C, *sp) -> (..., C)``."""
     axes = _spatial_axes(pred, truth, n_spatial)
-    norm = truth.float().square().mean(dim=axes)  # (..., C)
+    norm = truth.to(_work_dtype(pred, truth)).square().mean(dim=axes)  # (..., C)
     return (mse(pred, truth, n_spatial=len(axes)) / (norm + eps)).sqrt()
 
 
-def _default_bins(spatial: Sequence[int]) -> int:
-    sizes = [n for n in spatial if n > 1]
-    if not sizes:
-        raise ValueError(f"spectral metrics need a spatial axis longer than 1, got {spatial}")
-    return max(1, min(sizes) // 2)
+def spectral_bin_edges(spatial: Sequence[int]) -> Tensor:
+    """Edges ``(0, e1, e2, e3)`` of the three wavenumber bins of a grid, in radians per cell.
 
-
-def _shell_index(spatial: Sequence[int], n_bins: int, device: torch.device) -> Tensor:
-    """Shell of every Fourier mode, flattened ``(prod(spatial),)`` long in ``[0, n_bins + 1]``."""
-    grids = torch.meshgrid(
-        *[2.0 * torch.fft.fftfreq(n, device=device, dtype=torch.float64) for n in spatial],
-        indexing="ij",
-    )
-    kappa = torch.sqrt(sum(g.square() for g in grids))  # (*spatial,)
-    shell = torch.round(kappa * n_bins).long().flatten()
-    return shell.clamp(max=n_bins + 1)  # shells beyond Nyquist go to a discarded bin
-
-
-def radial_power_spectrum(
-    x: Tensor, *, n_spatial: int | None = None, n_bins: int | None = None
-) -> Tensor:
-    """Isotropic power spectrum over radial wavenumber shells 1..n_bins.
-
-    Normalised so that the shells plus the mean and the corner modes sum to ``mean(x^2)``
-    (Parseval). Computed in float64 where the device supports it.
-
-    Args:
-        x: ``(..., C, *spatial)``.
-        n_spatial: number of spatial axes; inferred as ``x.ndim - 2`` when omitted.
-        n_bins: number of shells; half the smallest non-singleton grid size by default.
-
-    Returns:
-        ``(..., C, n_bins)`` power per shell.
+    ``(4,)`` float32; see the module docstring.
     """
-    axes = _spatial_axes(x, x, n_spatial)
-    spatial = x.shape[axes[0] :]
-    n_bins = _default_bins(spatial) if n_bins is None else n_bins
-    if n_bins < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
-    dtype = torch.float32 if x.device.type == "mps" else torch.float64
-    n_points = math.prod(spatial)
-    coeffs = torch.fft.fftn(x.to(dtype), dim=axes)  # (..., C, *spatial) complex
-    power = (coeffs.abs().square() / n_points**2).flatten(start_dim=axes[0])  # (..., C, N)
-    shells = _shell_index(spatial, n_bins, x.device)  # (N,)
-    out = power.new_zeros(*power.shape[:-1], n_bins + 2)  # (..., C, n_bins + 2)
-    out.index_add_(-1, shells, power)
-    return out[..., 1 : n_bins + 1]
+    spatial = tuple(int(n) for n in spatial)
+    if not 1 <= len(spatial) <= 3 or min(spatial) < 1:
+        raise ValueError(f"need a grid of 1-3 axes of positive sizes, got {spatial}")
+    lowest = math.log10(2 * math.pi / max(spatial))
+    top = math.log10(math.pi * math.sqrt(len(spatial)) + 1e-6)
+    edges = torch.logspace(lowest, top, len(SPECTRAL_BINS) + 1, dtype=torch.float32)
+    edges[0] = 0.0
+    return edges
 
 
-def spectral_error(
-    pred: Tensor,
-    truth: Tensor,
-    *,
-    n_spatial: int | None = None,
-    n_bins: int | None = None,
-    floor: float = SPECTRAL_FLOOR,
+@functools.lru_cache(maxsize=32)
+def _bin_index(spatial: tuple[int, ...]) -> Tensor:
+    """Bin of every Fourier mode of the grid, flattened ``(prod(spatial),)`` long in 0..3.
+
+    Bin 3 (at or beyond the top edge) is discarded by the caller. Computed in float32 on the CPU.
+    """
+    sq = torch.zeros(spatial, dtype=torch.float32)  # (*spatial,) squared |k|, summed axis by axis
+    for i, n in enumerate(spatial):
+        # (n,) angular wavenumber in radians per cell
+        k = 2 * math.pi * torch.fft.fftfreq(n, dtype=torch.float32)
+        sq = sq + k.reshape([n if j == i else 1 for j in range(len(spatial))]).square()
+    edges = spectral_bin_edges(spatial)
+    return torch.bucketize(sq.sqrt().flatten(), edges, right=True) - 1
+
+
+def binned_spectral_mse(
+    pred: Tensor, truth: Tensor, *, n_spatial: int | None = None, eps: float = EPS
 ) -> Tensor:
-    """Mean squared log10 error of the radially binned power spectrum (see module docstring).
+    """Residual power over true power in the low, mid and high wavenumber bins.
+
+    See the module docstring for the definition and the bin edges. The FFTs run in float64
+    (float32 on MPS, which has no float64).
 
     Args:
         pred: ``(..., C, *spatial)``.
         truth: same shape.
         n_spatial: number of spatial axes; inferred as ``ndim - 2`` when omitted.
-        n_bins: number of wavenumber shells; half the smallest grid size by default.
-        floor: relative floor, as a fraction of the truth's total shell power.
+        eps: added to the true power of each bin, in units of ``mean(truth^2)``.
 
     Returns:
-        ``(..., C)`` float32.
+        ``(..., C, 3)``, bins in ``SPECTRAL_BINS`` order; float64 for float64 inputs, else float32.
     """
-    _spatial_axes(pred, truth, n_spatial)
-    p_pred = radial_power_spectrum(pred, n_spatial=n_spatial, n_bins=n_bins)  # (..., C, K)
-    p_true = radial_power_spectrum(truth, n_spatial=n_spatial, n_bins=n_bins)  # (..., C, K)
-    f = floor * p_true.sum(dim=-1, keepdim=True) + torch.finfo(p_true.dtype).tiny
-    log_ratio = torch.log10((p_pred + f) / (p_true + f))  # (..., C, K)
-    return log_ratio.square().mean(dim=-1).float()
+    axes = _spatial_axes(pred, truth, n_spatial)
+    fft_dtype = torch.float32 if truth.device.type == "mps" else torch.float64
+    truth64 = truth.to(fft_dtype)
+    residual = _binned_power(pred.to(fft_dtype) - truth64, axes)  # (..., C, 3)
+    out = residual / (_binned_power(truth64, axes) + eps)
+    return out.to(_work_dtype(pred, truth))
+
+
+def _binned_power(x: Tensor, axes: tuple[int, ...]) -> Tensor:
+    """Fourier power of ``x (..., C, *spatial)`` summed per bin, ``(..., C, 3)``.
+
+    Normalised so that the sum over all modes is ``mean(x^2)`` (Parseval).
+    """
+    spatial = tuple(x.shape[axes[0] :])
+    coeffs = torch.fft.fftn(x, dim=axes)  # (..., C, *spatial) complex
+    power = coeffs.abs().square().flatten(start_dim=axes[0]) / math.prod(spatial) ** 2
+    # power: (..., C, N)
+    index = _bin_index(spatial).to(x.device)  # (N,)
+    binned = power.new_zeros(*power.shape[:-1], len(SPECTRAL_BINS) + 1)  # (..., C, 4)
+    binned.index_add_(-1, index, power)  # the last bin, beyond the top edge, is dropped
+    return binned[..., :-1]
 
 
 def persistence(input_fields: Tensor, steps: int) -> Tensor:
@@ -203,17 +217,16 @@ def window_means(
 
 
 class RolloutMetrics:
-    """Accumulates per-step VRMSE, NRMSE and spectral error of a model and of persistence.
+    """Accumulates per-step VRMSE, NRMSE and binned spectral MSE of a model and of persistence.
 
     Values are averaged over samples at each step: sums and sample counts are kept in fixed-size
     float64 tensors, so merging or all-reducing the states of several processes gives the
-    single-process result (up to float64 rounding).
+    single-process result (up to float64 rounding). One accumulator serves one grid.
 
     Args:
         field_names: the C field names.
         steps: the largest 1-based step that will be recorded.
-        eps: VRMSE/NRMSE denominator epsilon.
-        n_bins: spectral shells (default: half the smallest grid size).
+        eps: denominator epsilon of every metric.
         device: where the sums live (use the accelerator's device for NCCL all-reduce).
     """
 
@@ -223,7 +236,6 @@ class RolloutMetrics:
         steps: int,
         *,
         eps: float = EPS,
-        n_bins: int | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
         if steps < 1:
@@ -233,7 +245,7 @@ class RolloutMetrics:
             raise ValueError("field_names must not be empty")
         self.steps = steps
         self.eps = eps
-        self.n_bins = n_bins
+        self.grid: tuple[int, ...] | None = None
         c = len(self.field_names)
         self.sum = torch.zeros(
             len(SOURCES), len(METRICS), steps, c, dtype=torch.float64, device=device
@@ -242,11 +254,12 @@ class RolloutMetrics:
 
     def _values(self, pred: Tensor, truth: Tensor) -> Tensor:
         """``(B, C, *sp)`` pair -> ``(len(METRICS), C)`` sums over the batch."""
-        vals = torch.stack(
+        spectral = binned_spectral_mse(pred, truth, eps=self.eps)  # (B, C, 3)
+        vals = torch.cat(
             [
-                vrmse(pred, truth, eps=self.eps),
-                nrmse(pred, truth, eps=self.eps),
-                spectral_error(pred, truth, n_bins=self.n_bins),
+                vrmse(pred, truth, eps=self.eps).unsqueeze(0),
+                nrmse(pred, truth, eps=self.eps).unsqueeze(0),
+                spectral.to(torch.float64).movedim(-1, 0),
             ]
         )  # (M, B, C)
         return vals.to(torch.float64).sum(dim=1).to(self.sum.device)
@@ -271,12 +284,16 @@ class RolloutMetrics:
             raise ValueError(
                 f"last_input shape {tuple(last_input.shape)} != truth shape {tuple(truth.shape)}"
             )
+        grid = tuple(truth.shape[2:])
+        if self.grid is not None and grid != self.grid:
+            raise ValueError(f"grid {grid} differs from the grid {self.grid} recorded before")
+        self.grid = grid
         self.sum[0, :, step - 1] += self._values(pred, truth)
         self.sum[1, :, step - 1] += self._values(last_input, truth)
         self.count[step - 1] += truth.shape[0]
 
     def state(self) -> dict[str, Tensor]:
-        """The tensors to merge or all-reduce: ``sum (2, 3, steps, C)``, ``count (steps,)``."""
+        """The tensors to merge or all-reduce: ``sum (2, M, steps, C)``, ``count (steps,)``."""
         return {"sum": self.sum, "count": self.count}
 
     def merge(self, other: RolloutMetrics | Mapping[str, Tensor]) -> RolloutMetrics:
@@ -286,6 +303,8 @@ class RolloutMetrics:
             raise ValueError(
                 f"cannot merge metrics of shape {tuple(state['sum'].shape)} into {tuple(self.sum.shape)}"
             )
+        if isinstance(other, RolloutMetrics) and self.grid is None:
+            self.grid = other.grid
         self.sum += state["sum"].to(self.sum)
         self.count += state["count"].to(self.count)
         return self
@@ -298,7 +317,7 @@ class RolloutMetrics:
         return self
 
     def per_step(self) -> Tensor:
-        """Means ``(2, 3, S, C)`` over the S leading steps that have samples."""
+        """Means ``(2, M, S, C)`` over the S leading steps that have samples."""
         n = int((self.count > 0).sum())
         return (self.sum[:, :, :n] / self.count[:n, None]).cpu()
 
@@ -307,15 +326,23 @@ class RolloutMetrics:
 
         Layout: ``{"fields", "steps", "count", "eps", "spectral_bins", "model": M,
         "persistence": M}`` with ``M[metric] = {"per_step": {field: [S]}, "windows": {field:
-        {window: v}}, "mean_over_fields": {"per_step": [S], "windows": {window: v}}}``.
+        {window: v}}, "mean_over_fields": {"per_step": [S], "windows": {window: v}}}`` for every
+        metric of ``METRICS``. ``spectral_bins`` gives the bin names and, once a step has been
+        recorded here, the grid and the bin edges in radians per cell.
         """
-        means = self.per_step()  # (2, 3, S, C)
+        means = self.per_step()  # (2, M, S, C)
         out: dict[str, Any] = {
             "fields": self.field_names,
             "steps": means.shape[2],
             "count": [int(c) for c in self.count[: means.shape[2]].tolist()],
             "eps": self.eps,
-            "spectral_bins": self.n_bins if self.n_bins is not None else "auto",
+            "spectral_bins": {
+                "names": list(SPECTRAL_BINS),
+                "grid": list(self.grid) if self.grid is not None else None,
+                "edges": [round(e, 6) for e in spectral_bin_edges(self.grid).tolist()]
+                if self.grid is not None
+                else None,
+            },
         }
         for s, source in enumerate(SOURCES):
             out[source] = {}

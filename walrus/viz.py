@@ -20,6 +20,7 @@ import numpy as np
 from torch import Tensor
 
 from walrus.atomic import atomic_path
+from walrus.metrics import METRIC_LABELS, SPECTRAL_BINS
 
 MAX_FRAMES = 60
 
@@ -69,39 +70,51 @@ def plot_error_curves(
     *,
     dpi: int = 100,
 ) -> Path:
-    """Plot error against rollout step per field, model vs persistence, log y axis.
+    """Plot error against rollout step, model vs persistence, log y axis.
 
     Args:
         metrics: ``RolloutMetrics.to_dict()`` output.
         path: output image (png).
-        metric: ``"vrmse"``, ``"nrmse"`` or ``"spectral"``.
+        metric: a name of ``walrus.metrics.METRICS`` (``"vrmse"``, ``"nrmse"``,
+            ``"spectral_low"``, ...): one panel per field; or ``"spectral"``: one row per field,
+            one column per wavenumber bin of the binned spectral MSE.
         dpi: resolution.
 
     Returns:
         The written path.
     """
-    if metric not in metrics.get("model", {}):
-        raise ValueError(
-            f"metric {metric!r} not in metrics; have {sorted(metrics.get('model', {}))}"
-        )
     fields = list(metrics["fields"])
-    cols = min(len(fields), 4)
-    rows = -(-len(fields) // cols)
+    if metric == "spectral":
+        bins = list(metrics.get("spectral_bins", {}).get("names", SPECTRAL_BINS))
+        panels = [(f, f"spectral_{b}", f) for f in fields for b in bins]
+        cols = len(bins)
+    else:
+        panels = [(f, metric, f) for f in fields]
+        cols = min(len(fields), 4)
+    missing = sorted({key for _, key, _ in panels} - set(metrics.get("model", {})))
+    if missing:
+        raise ValueError(
+            f"metric {metric!r}: {missing} not in metrics; have {sorted(metrics.get('model', {}))}"
+        )
+    rows = -(-len(panels) // cols)
     fig = _new_figure(3.2 * cols, 2.6 * rows)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, field in zip(axes, fields):
+    for ax, (title, key, field) in zip(axes, panels):
         for source, style in (("model", "-"), ("persistence", "--")):
-            values = np.asarray(metrics[source][metric]["per_step"][field], dtype=float)
+            values = np.asarray(metrics[source][key]["per_step"][field], dtype=float)
             steps = np.arange(1, len(values) + 1)
             ax.plot(steps, values, style, label=source, marker="." if len(values) < 20 else None)
             if np.any(values > 0):
                 ax.set_yscale("log")
-        ax.set_title(field)
+        ax.set_title(title)
         ax.set_xlabel("step")
-        ax.set_ylabel(metric.upper())
+        ax.set_ylabel(METRIC_LABELS.get(key, key))
         ax.grid(True, which="both", alpha=0.3)
-    for ax in axes[len(fields) :]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
+    edges = metrics.get("spectral_bins", {}).get("edges")
+    if metric == "spectral" and edges:
+        fig.suptitle(f"binned spectral MSE; bin edges |k| = {', '.join(f'{e:.3g}' for e in edges)}")
     axes[0].legend()
     return _save_figure(fig, path, dpi)
 

@@ -19,9 +19,17 @@ from walrus.atomic import write_text_atomic
 from walrus.bcs import BoundaryType
 from walrus.data.well import WellDataset
 from walrus.data.writer import write_well_file
-from walrus.metrics import METRICS
+from walrus.metrics import SPECTRAL_BINS
 
-METRIC_LABELS = {"vrmse": "VRMSE", "nrmse": "NRMSE", "spectral": "spectral"}
+# The printed tables: point-wise errors, then the binned spectral MSE (one column pair per bin).
+TABLES = (
+    ("", {"vrmse": "VRMSE", "nrmse": "NRMSE"}),
+    (
+        "binned spectral MSE (residual power / true power, per wavenumber bin)",
+        {f"spectral_{b}": f"{b} k" for b in SPECTRAL_BINS},
+    ),
+)
+SOURCE_LABELS = {"model": "model", "persistence": "persist."}
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
@@ -103,47 +111,54 @@ def format_rollout_table(name: str, metrics: Mapping[str, Any]) -> str:
         metrics: ``RolloutMetrics.to_dict()``.
     """
     windows = list(metrics["model"]["vrmse"]["mean_over_fields"]["windows"])
-    head = ["steps"] + [
-        f"{METRIC_LABELS[m]} {src}" for m in METRICS for src in ("model", "persist.")
-    ]
-    rows = [
-        [w]
-        + [
-            _fmt(metrics[src][m]["mean_over_fields"]["windows"][w])
-            for m in METRICS
-            for src in ("model", "persistence")
+    blocks = [f"{name}: {metrics['steps']} steps, mean over fields {metrics['fields']}"]
+    for title, labels in TABLES:
+        head = ["steps"] + [
+            f"{lab} {SOURCE_LABELS[s]}" for lab in labels.values() for s in SOURCE_LABELS
         ]
-        for w in windows
-    ]
-    title = f"{name}: {metrics['steps']} steps, mean over fields {metrics['fields']}"
-    return _table(title, head, rows)
+        rows = [
+            [w]
+            + [
+                _fmt(metrics[s][m]["mean_over_fields"]["windows"][w])
+                for m in labels
+                for s in SOURCE_LABELS
+            ]
+            for w in windows
+        ]
+        blocks.append(_table(title, head, rows))
+    return "\n".join(blocks)
 
 
 def format_evaluate_table(name: str, metrics: Mapping[str, Any], n_windows: int) -> str:
     """One-step errors per field and their mean, model against persistence, as aligned text."""
-    head = ["field"] + [
-        f"{METRIC_LABELS[m]} {src}" for m in METRICS for src in ("model", "persist.")
-    ]
-    rows = []
-    for field in [*metrics["fields"], "mean"]:
-        row = [field]
-        for m in METRICS:
-            for src in ("model", "persistence"):
-                entry = metrics[src][m]
-                values = (
-                    entry["mean_over_fields"]["per_step"]
-                    if field == "mean"
-                    else entry["per_step"][field]
-                )
-                row.append(_fmt(values[0]) if values else "n/a")
-        rows.append(row)
-    return _table(f"{name}: one-step errors over {n_windows} windows", head, rows)
+    blocks = [f"{name}: one-step errors over {n_windows} windows"]
+    for title, labels in TABLES:
+        head = ["field"] + [
+            f"{lab} {SOURCE_LABELS[s]}" for lab in labels.values() for s in SOURCE_LABELS
+        ]
+        rows = []
+        for field in [*metrics["fields"], "mean"]:
+            row = [field]
+            for m in labels:
+                for s in SOURCE_LABELS:
+                    entry = metrics[s][m]
+                    values = (
+                        entry["mean_over_fields"]["per_step"]
+                        if field == "mean"
+                        else entry["per_step"][field]
+                    )
+                    row.append(_fmt(values[0]) if values else "n/a")
+            rows.append(row)
+        blocks.append(_table(title, head, rows))
+    return "\n".join(blocks)
 
 
 def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
+    """Right-aligned columns under a header and a rule; ``title`` (if any) on the line above."""
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = "  ".join
-    out = [title, line(h.rjust(w) for h, w in zip(head, widths))]
+    out = [title] if title else []
+    out.append(line(h.rjust(w) for h, w in zip(head, widths)))
     out.append(line("-" * w for w in widths))
     out += [line(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     return "\n".join(out)
