@@ -324,11 +324,13 @@ def test_jitter_seeded_and_bf16(toy: dict[str, Path], tmp_path: Path) -> None:
                                     "plots=false", "save_predictions=false", *extra]))  # fmt: skip
         return result["metrics"]["datasets"]["toy"]["metrics"]["model"]["vrmse"]["per_step"]["u"]
 
-    plain = vrmse_u()
+    plain = vrmse_u("jitter=false")
     jittered = vrmse_u("jitter=true", "seed=3")
     assert vrmse_u("jitter=true", "seed=3") == jittered  # seeded: reproducible
     assert jittered != plain
-    bf16 = vrmse_u("bf16=true")
+    # jitter=null (default): the checkpoint's default, on for a model built with jitter
+    assert vrmse_u() == vrmse_u("jitter=true", "seed=0")
+    bf16 = vrmse_u("bf16=true", "jitter=false")
     assert np.all(np.isfinite(bf16)) and bf16 != plain
     np.testing.assert_allclose(bf16, plain, rtol=0.2)
 
@@ -362,3 +364,33 @@ def test_ddp_two_processes_match_single_process(toy: dict[str, Path], tmp_path: 
             rtol=1e-4,
             atol=1e-5,
         )
+
+
+def test_ensemble_rollout_scores_the_mean_and_saves_the_spread(toy, tmp_path: Path) -> None:
+    from walrus.metrics import SPREAD
+
+    common = [*base_overrides(toy, tmp_path), "steps=3", "trajectories=0", "jitter=true"]
+    result = run(compose_infer([*common, "ensemble=3"]))
+    metrics = result["metrics"]["datasets"]["toy"]["metrics"]
+    assert result["metrics"]["ensemble"] == 3
+    spread = metrics[SPREAD]["vrmse"]["per_step"]["u"]
+    assert len(spread) == 3 and all(v > 0 for v in spread)
+    frames, names, _ = read_trajectory(tmp_path / "predictions.hdf5", 0)
+    assert names == ["u", "velocity_x", "velocity_y", "u_spread", "velocity_x_spread",
+                     "velocity_y_spread"]  # fmt: skip
+    assert frames.shape == (3, 6, RES, RES) and (frames[:, 3:] >= 0).all()
+    assert frames[:, 3:].max() > 0
+    # the stored mean is scored: its step-1 VRMSE is the one in metrics.json
+    truth, _, _ = read_trajectory(toy["data"] / "toy" / "data" / "test" / "toy.hdf5", 0)
+    from walrus.metrics import vrmse
+
+    v = vrmse(torch.from_numpy(frames[:1, :3]), torch.from_numpy(truth[3:4]))[0, 0].item()
+    assert metrics["model"]["vrmse"]["per_step"]["u"][0] == pytest.approx(v, rel=1e-5)
+    assert (tmp_path / "snapshots.png").is_file() and (tmp_path / "vrmse.png").is_file()
+    # one member is the plain seeded rollout
+    one = run(compose_infer([*common, "ensemble=1", "plots=false", f"out={tmp_path / 'one'}"]))
+    assert SPREAD not in one["metrics"]["datasets"]["toy"]["metrics"]
+    with pytest.raises(ValueError, match="ensemble=2 needs jitter=true"):
+        run(compose_infer([*base_overrides(toy, tmp_path), "ensemble=2", "jitter=false"]))
+    with pytest.raises(ValueError, match="option ensemble"):
+        run(compose_infer([*base_overrides(toy, tmp_path), "ensemble=0"]))

@@ -331,7 +331,7 @@ def test_rollout_metrics_values_and_merge() -> None:
             spec[0, i].item(), rel=1e-6
         )
         assert set(d["model"][f"spectral_{b}"]["windows"]["u"]) == {"1", "2-10", "11-30"}
-    assert list(d["model"]) == list(METRICS) and whole.sum.shape == (2, 5, steps, 2)
+    assert list(d["model"]) == list(METRICS) and whole.sum.shape == (3, 5, steps, 2)
     assert d["spectral_bins"]["names"] == ["low", "mid", "high"]
     assert d["spectral_bins"]["grid"] == [8, 8]
     assert d["spectral_bins"]["edges"] == pytest.approx(spectral_bin_edges((8, 8)).tolist())
@@ -397,3 +397,43 @@ def test_all_reduce_two_processes_equals_single(tmp_path) -> None:
         state = torch.load(tmp_path / f"state{rank}.pt")
         torch.testing.assert_close(state["sum"], whole.sum, rtol=1e-12, atol=1e-12)
         assert torch.equal(state["count"], whole.count)
+
+
+def test_spread_is_recorded_in_each_metrics_units_and_merges():
+    from walrus.metrics import SPREAD, RolloutMetrics, nrmse, vrmse
+
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randn(3, 2, 16, 16, generator=g)
+    pred = truth + 0.1 * torch.randn(3, 2, 16, 16, generator=g)
+    spread = 0.2 * torch.rand(3, 2, 16, 16, generator=g)
+    whole = RolloutMetrics(["a", "b"], 2)
+    parts = [RolloutMetrics(["a", "b"], 2) for _ in range(2)]
+    for step in (1, 2):
+        whole.update(step, pred, truth, truth, spread)
+        parts[0].update(step, pred[:1], truth[:1], truth[:1], spread[:1])
+        parts[1].update(step, pred[1:], truth[1:], truth[1:], spread[1:])
+    d = whole.to_dict()
+    expected = vrmse(truth + spread, truth).mean(0)  # (C,)
+    got = torch.tensor(
+        [d[SPREAD]["vrmse"]["per_step"][f][0] for f in ("a", "b")], dtype=torch.float64
+    )
+    torch.testing.assert_close(got, expected.double(), rtol=1e-6, atol=1e-9)
+    got_n = torch.tensor(
+        [d[SPREAD]["nrmse"]["per_step"][f][1] for f in ("a", "b")], dtype=torch.float64
+    )
+    torch.testing.assert_close(
+        got_n, nrmse(truth + spread, truth).mean(0).double(), rtol=1e-6, atol=1e-9
+    )
+    merged = parts[0].merge(parts[1]).to_dict()
+    for f in ("a", "b"):
+        assert merged[SPREAD]["vrmse"]["per_step"][f] == pytest.approx(
+            d[SPREAD]["vrmse"]["per_step"][f]
+        )
+    # Without an ensemble there is no spread entry; model and persistence are unchanged by it.
+    plain = RolloutMetrics(["a", "b"], 2)
+    for step in (1, 2):
+        plain.update(step, pred, truth, truth)
+    p = plain.to_dict()
+    assert SPREAD not in p and p["model"] == d["model"]
+    with pytest.raises(ValueError, match="spread shape"):
+        plain.update(1, pred, truth, truth, spread[:, :1])

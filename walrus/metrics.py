@@ -27,7 +27,9 @@ against it to 1e-6). Mean over the N grid points written <.>, eps = 1e-7:
 Step windows: ``window_means`` averages per-step values over the windows 1, 2-10, 11-30, 31-60 and
 61+ (1-based steps), and ``RolloutMetrics`` accumulates sums and counts of every metric
 (``METRICS``: VRMSE, NRMSE and the three spectral bins), so that results gathered across processes
-equal a single-process run.
+equal a single-process run. For an ensemble it also accumulates the members' spread in the
+units of each metric (``SPREAD``), the width of the uncertainty band drawn around the model's
+curve.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ METRIC_LABELS = {
     **{f"spectral_{b}": f"spectral MSE, {b} k" for b in SPECTRAL_BINS},
 }
 SOURCES = ("model", "persistence")
+# An ensemble's spread, in each metric's units: the metric of (truth + spread) against truth,
+# e.g. sqrt(<spread^2> / std(truth)^2) for VRMSE. Recorded only for ensembles.
+SPREAD = "spread"
 WINDOWS: tuple[tuple[int, int | None], ...] = ((1, 1), (2, 10), (11, 30), (31, 60), (61, None))
 
 
@@ -247,10 +252,11 @@ class RolloutMetrics:
         self.eps = eps
         self.grid: tuple[int, ...] | None = None
         c = len(self.field_names)
+        # sources: model, persistence, spread; spread has its own sample count
         self.sum = torch.zeros(
-            len(SOURCES), len(METRICS), steps, c, dtype=torch.float64, device=device
+            len(SOURCES) + 1, len(METRICS), steps, c, dtype=torch.float64, device=device
         )
-        self.count = torch.zeros(steps, dtype=torch.float64, device=device)
+        self.count = torch.zeros(2, steps, dtype=torch.float64, device=device)
 
     def _values(self, pred: Tensor, truth: Tensor) -> Tensor:
         """``(B, C, *sp)`` pair -> ``(len(METRICS), C)`` sums over the batch."""
@@ -265,14 +271,22 @@ class RolloutMetrics:
         return vals.to(torch.float64).sum(dim=1).to(self.sum.device)
 
     @torch.no_grad()
-    def update(self, step: int, pred: Tensor, truth: Tensor, last_input: Tensor) -> None:
+    def update(
+        self,
+        step: int,
+        pred: Tensor,
+        truth: Tensor,
+        last_input: Tensor,
+        spread: Tensor | None = None,
+    ) -> None:
         """Record one step for a batch of trajectories.
 
         Args:
             step: 1-based rollout step.
-            pred: ``(B, C, *spatial)`` model prediction.
+            pred: ``(B, C, *spatial)`` model prediction (an ensemble's mean).
             truth: ``(B, C, *spatial)`` ground truth.
             last_input: ``(B, C, *spatial)`` last input frame (the persistence prediction).
+            spread: ``(B, C, *spatial)`` an ensemble's standard deviation, or ``None``.
         """
         if not 1 <= step <= self.steps:
             raise ValueError(f"step {step} outside 1..{self.steps}")
@@ -290,10 +304,21 @@ class RolloutMetrics:
         self.grid = grid
         self.sum[0, :, step - 1] += self._values(pred, truth)
         self.sum[1, :, step - 1] += self._values(last_input, truth)
-        self.count[step - 1] += truth.shape[0]
+        self.count[0, step - 1] += truth.shape[0]
+        if spread is not None:
+            if spread.shape != truth.shape:
+                raise ValueError(
+                    f"spread shape {tuple(spread.shape)} != truth shape {tuple(truth.shape)}"
+                )
+            truth_f = truth.float() if truth.dtype != torch.float64 else truth
+            self.sum[2, :, step - 1] += self._values(truth_f + spread.to(truth_f.dtype), truth_f)
+            self.count[1, step - 1] += truth.shape[0]
 
     def state(self) -> dict[str, Tensor]:
-        """The tensors to merge or all-reduce: ``sum (2, M, steps, C)``, ``count (steps,)``."""
+        """The tensors to merge or all-reduce: ``sum (3, M, steps, C)``, ``count (2, steps)``.
+
+        Source 2 of ``sum`` and row 1 of ``count`` hold the ensemble spread.
+        """
         return {"sum": self.sum, "count": self.count}
 
     def merge(self, other: RolloutMetrics | Mapping[str, Tensor]) -> RolloutMetrics:
@@ -317,15 +342,22 @@ class RolloutMetrics:
         return self
 
     def per_step(self) -> Tensor:
-        """Means ``(2, M, S, C)`` over the S leading steps that have samples."""
-        n = int((self.count > 0).sum())
-        return (self.sum[:, :, :n] / self.count[:n, None]).cpu()
+        """Means ``(2, M, S, C)`` (model, persistence) over the S leading steps with samples."""
+        n = int((self.count[0] > 0).sum())
+        return (self.sum[:2, :, :n] / self.count[0, :n, None]).cpu()
+
+    def spread_per_step(self) -> Tensor | None:
+        """Mean ensemble spread ``(M, S, C)`` in each metric's units, ``None`` if none recorded."""
+        n = int((self.count[1] > 0).sum())
+        if n == 0:
+            return None
+        return (self.sum[2, :, :n] / self.count[1, :n, None]).cpu()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary.
 
         Layout: ``{"fields", "steps", "count", "eps", "spectral_bins", "model": M,
-        "persistence": M}`` with ``M[metric] = {"per_step": {field: [S]}, "windows": {field:
+        "persistence": M[, "spread": M]}`` (``spread`` for ensembles) with ``M[metric] = {"per_step": {field: [S]}, "windows": {field:
         {window: v}}, "mean_over_fields": {"per_step": [S], "windows": {window: v}}}`` for every
         metric of ``METRICS``. ``spectral_bins`` gives the bin names and, once a step has been
         recorded here, the grid and the bin edges in radians per cell.
@@ -334,7 +366,7 @@ class RolloutMetrics:
         out: dict[str, Any] = {
             "fields": self.field_names,
             "steps": means.shape[2],
-            "count": [int(c) for c in self.count[: means.shape[2]].tolist()],
+            "count": [int(c) for c in self.count[0, : means.shape[2]].tolist()],
             "eps": self.eps,
             "spectral_bins": {
                 "names": list(SPECTRAL_BINS),
@@ -344,10 +376,14 @@ class RolloutMetrics:
                 else None,
             },
         }
-        for s, source in enumerate(SOURCES):
+        spread = self.spread_per_step()  # (M, S', C) or None
+        blocks = [(source, means[i]) for i, source in enumerate(SOURCES)]
+        if spread is not None:
+            blocks.append((SPREAD, spread))
+        for source, table in blocks:
             out[source] = {}
             for m, metric in enumerate(METRICS):
-                values = means[s, m]  # (S, C)
+                values = table[m]  # (S, C)
                 field_mean = values.mean(dim=1)  # (S,)
                 windows = window_means(values)
                 out[source][metric] = {

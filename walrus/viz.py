@@ -20,7 +20,7 @@ import numpy as np
 from torch import Tensor
 
 from walrus.atomic import atomic_path
-from walrus.metrics import METRIC_LABELS, SPECTRAL_BINS
+from walrus.metrics import METRIC_LABELS, SPECTRAL_BINS, SPREAD
 
 MAX_FRAMES = 60
 
@@ -72,6 +72,9 @@ def plot_error_curves(
 ) -> Path:
     """Plot error against rollout step, model vs persistence, log y axis.
 
+    For an ensemble (``metrics`` holds ``"spread"``) the model's curve gets a band of +- the
+    members' spread in the same metric's units.
+
     Args:
         metrics: ``RolloutMetrics.to_dict()`` output.
         path: output image (png).
@@ -103,7 +106,21 @@ def plot_error_curves(
         for source, style in (("model", "-"), ("persistence", "--")):
             values = np.asarray(metrics[source][key]["per_step"][field], dtype=float)
             steps = np.arange(1, len(values) + 1)
-            ax.plot(steps, values, style, label=source, marker="." if len(values) < 20 else None)
+            line = ax.plot(
+                steps, values, style, label=source, marker="." if len(values) < 20 else None
+            )
+            if source == "model" and SPREAD in metrics:
+                width = np.asarray(metrics[SPREAD][key]["per_step"][field], dtype=float)
+                n = min(len(width), len(values))
+                lo = np.maximum(values[:n] - width[:n], values[:n] * 1e-3)  # keep > 0 (log axis)
+                ax.fill_between(
+                    steps[:n],
+                    lo,
+                    values[:n] + width[:n],
+                    color=line[0].get_color(),
+                    alpha=0.25,
+                    label="ensemble spread",
+                )
             if np.any(values > 0):
                 ax.set_yscale("log")
         ax.set_title(title)
@@ -130,9 +147,10 @@ def plot_snapshots(
     steps: Sequence[int] | None,
     path: str | os.PathLike[str],
     *,
+    spread: Any = None,
     dpi: int = 100,
 ) -> Path:
-    """Truth, prediction and error for each field at a few rollout steps.
+    """Truth, prediction and error (and an ensemble's spread) for each field at a few steps.
 
     Args:
         truth: ``(S, C, *spatial)``, ``truth[i]`` is step ``i + 1``.
@@ -140,6 +158,8 @@ def plot_snapshots(
         field_names: the C names.
         steps: 1-based steps to show (columns); ``None`` picks up to 4 spread over the rollout.
         path: output image (png).
+        spread: an ensemble's standard deviation, shaped like ``pred``: adds a row per field,
+            on the error row's colour scale.
         dpi: resolution.
 
     Returns:
@@ -152,7 +172,14 @@ def plot_snapshots(
     if bad or not steps:
         raise ValueError(f"steps {bad or steps} outside 1..{t.shape[0]}")
     t, p = _to_2d_or_1d(t), _to_2d_or_1d(p)
-    rows, cols = 3 * len(field_names), len(steps)
+    sd = None
+    if spread is not None:
+        sd = _as_array(spread, "spread")
+        if sd.shape != _as_array(pred, "pred").shape:
+            raise ValueError(f"spread shape {sd.shape} != prediction shape {pred.shape}")
+        sd = _to_2d_or_1d(sd)
+    per_field = 3 if sd is None else 4
+    rows, cols = per_field * len(field_names), len(steps)
     fig = _new_figure(2.4 * cols + 0.6, 2.0 * rows)
     axes = fig.subplots(rows, cols, squeeze=False)
     for c, name in enumerate(field_names):
@@ -165,13 +192,15 @@ def plot_snapshots(
                 ("prediction", p[s - 1, c], "viridis", lo, hi),
                 ("error", p[s - 1, c] - t[s - 1, c], "RdBu_r", -err_max, err_max),
             )
+            if sd is not None:
+                panels += (("spread", sd[s - 1, c], "magma", 0.0, err_max),)
             for r, (label, img, cmap, vmin, vmax) in enumerate(panels):
-                ax = axes[3 * c + r, j]
+                ax = axes[per_field * c + r, j]
                 if img.ndim == 1:
                     ax.plot(img, lw=1.0)
                     if label == "prediction":
                         ax.plot(t[s - 1, c], "k--", lw=0.8)
-                    if label == "error":
+                    if label in ("error", "spread"):
                         ax.set_ylim(-1.05 * err_max, 1.05 * err_max)
                     else:
                         lo1, hi1 = min(lo, float(shown_p.min())), max(hi, float(shown_p.max()))

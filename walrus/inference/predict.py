@@ -191,6 +191,8 @@ def _write_dataset_files(
     files: list[Path] = []
     preds = [module.predictions[(name, i)] for i in sel] if module.keep_predictions else []
     done = min((p.shape[0] for p in preds), default=0)
+    spreads = [module.spreads.get((name, i)) for i in sel] if module.members > 1 else []
+    spreads = spreads if spreads and all(sp is not None for sp in spreads) else None
     if cfg.save_predictions:
         if done >= 1:
             files.append(
@@ -201,6 +203,7 @@ def _write_dataset_files(
                     sel[0],
                     start + n_in,
                     stride,
+                    spreads=None if spreads is None else [sp[:done] for sp in spreads],
                 )
             )
             entry["predictions"] = {"file": "predictions.hdf5", "trajectories": sel, "steps": done}
@@ -220,6 +223,9 @@ def _write_dataset_files(
         truth = load_rollout_sample(
             ds, sel[0], start=start, n_steps_input=n_in, steps=pred.shape[0], stride=stride
         ).output_fields[0]  # (S_done, C, *sp)
-        files.append(plot_snapshots(truth, pred, ds.field_names, None, out / "snapshots.png"))
+        spread = None if spreads is None else spreads[0]  # (S_done, C, *sp)
+        files.append(
+            plot_snapshots(truth, pred, ds.field_names, None, out / "snapshots.png", spread=spread)
+        )
         files.append(write_animation(truth, pred, ds.field_names, out / "rollout"))
     return files

@@ -60,6 +60,7 @@ def write_predictions(
     trajectory: int,
     first_frame: int,
     stride: int,
+    spreads: Sequence[np.ndarray] | None = None,
 ) -> Path:
     """Write predicted frames as a Well file: one trajectory per prediction, one t0 field per channel.
 
@@ -70,12 +71,20 @@ def write_predictions(
         trajectory: trajectory whose time axis labels the frames.
         first_frame: strided frame index of the first prediction in that trajectory.
         stride: time stride of the rollout.
+        spreads: an ensemble's standard deviation, shaped like ``predictions``; stored next to
+            the mean as ``<field>_spread``.
 
     Returns:
         The written path. Channels are stored under their flattened names (``velocity_x``),
         which the reader returns unchanged.
     """
     arr = np.stack([np.asarray(p, dtype=np.float32) for p in predictions])  # (N, S, C, *sp)
+    fields = {name: arr[:, :, c] for c, name in enumerate(ds.field_names)}
+    if spreads is not None:
+        spread = np.stack([np.asarray(p, dtype=np.float32) for p in spreads])  # (N, S, C, *sp)
+        if spread.shape != arr.shape:
+            raise ValueError(f"spreads shape {spread.shape} != predictions shape {arr.shape}")
+        fields.update({f"{name}_spread": spread[:, :, c] for c, name in enumerate(ds.field_names)})
     k, local = locate_trajectory(ds, trajectory)
     wf = ds.files[k]
     times = wf.time if wf.time.ndim == 1 else wf.time[local]
@@ -92,7 +101,7 @@ def write_predictions(
         coords={a: wf.coords[a] for a in wf.spatial_dims},
         time=np.asarray(times)[t_index],
         n_trajectories=arr.shape[0],
-        fields={name: arr[:, :, c] for c, name in enumerate(ds.field_names)},
+        fields=fields,
         bcs=bcs,
     )
 

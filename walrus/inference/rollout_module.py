@@ -232,7 +232,7 @@ class RolloutModule(pl.LightningModule):
         done = 0
         try:
             for step, (pred, spread) in enumerate(self._rollout(batch, steps), start=1):
-                metrics.update(step, pred, batch.output_fields[:, step - 1], last)
+                metrics.update(step, pred, batch.output_fields[:, step - 1], last, spread)
                 if self.keep_predictions:
                     frames.append(pred.float().cpu())  # (B, C, *sp)
                     if spread is not None:
