@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,18 +162,22 @@ def test_pickle_refused_unless_trusted(tmp_path: Path) -> None:
 
 def test_other_architecture_lists_missing_and_extra_keys() -> None:
     ours = Walrus(n_fields=4, dim=32, depth=1, heads=4, projection_dim=8, groups=4).state_dict()
-    with pytest.raises(
-        ValueError, match=r"missing keys .*encoder_dummy.*\n.*extra keys .*rope\.freqs"
-    ):
-        convert_state_dict(dict(ours))
+    with pytest.raises(ValueError) as err:
+        convert_state_dict(dict(ours), source="ours.pt")
+    msg = str(err.value)
+    assert "\n" not in msg  # one line
+    assert msg.startswith("ours.pt is not an official Walrus state dict (closest: the legacy")
+    assert re.search(r"missing keys \(\d+\): .*encoder_dummy.*; unexpected keys .*rope\.freqs", msg)
 
 
-def test_current_public_layout_is_refused() -> None:
+def test_partial_current_layout_names_its_missing_keys() -> None:
     state = {
         "embed.2.proj1.weight": torch.zeros(4, 7, 2, 2, 2),
         "blocks.0.space_mixing.ff_out.weight": torch.zeros(4, 8),
     }
-    with pytest.raises(ValueError, match="current public PolymathicAI/walrus"):
+    with pytest.raises(
+        ValueError, match=r"closest: the current layout\).*missing keys.*encoder_dummy"
+    ):
         convert_state_dict(state)
 
 

@@ -14,15 +14,25 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m walrus.compat", description="Use official Walrus weights."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    conv = sub.add_parser("convert", help="convert an official checkpoint into a walrus checkpoint")
+    conv = sub.add_parser(
+        "convert",
+        help="convert an official checkpoint (legacy or current layout, e.g. the released "
+        "walrus.pt) into a walrus checkpoint",
+    )
     conv.add_argument("official", help="official checkpoint file (.pt), downloaded by you")
     conv.add_argument("out", help="walrus checkpoint to write (.ckpt)")
     conv.add_argument(
         "--fields",
-        help="YAML: the official field names, one per embedding index (a list, a name: index "
-        "mapping, or the official config with data.field_index_map_override)",
+        help="YAML/JSON: the official field names, one per embedding index (a list, a name: "
+        "index mapping, or an official config with field_index_map or "
+        "data.field_index_map_override); current layout default: the config's map, else the "
+        "released 67-field vocabulary when the sizes match",
     )
-    conv.add_argument("--config", help="official config YAML, checked against the weights")
+    conv.add_argument(
+        "--config",
+        help="official config YAML/JSON, checked against the weights; current layout default: "
+        "the released model's settings",
+    )
     conv.add_argument(
         "--trust-pickle",
         action="store_true",

@@ -28,6 +28,16 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
+def _layer_scaled(t: Tensor, gamma: Tensor | None) -> Tensor:
+    """``t`` scaled per output channel (its first axis) by the layer scale; ``t`` without one."""
+    return t if gamma is None else t * gamma.view(-1, *(1,) * (t.ndim - 1))
+
+
+def _present(*params: Tensor | None) -> list[Tensor]:
+    """The given parameters without the absent (``None``) ones."""
+    return [p for p in params if p is not None]
+
+
 def _swap_pairs(x: Tensor) -> Tensor:
     """Swap interleaved channel pairs ``(x0, x1, x2, x3, ...) -> (x1, x0, x3, x2, ...)`` (a copy)."""
     return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
@@ -175,7 +185,7 @@ class TemporalAttention(nn.Module):
         causal: frame t attends to frames <= t only (and the bias is unidirectional).
         kernel: attention kernel name (see :func:`walrus.nn.attention.attention`).
         drop_path: drop path probability.
-        layer_scale_init: initial layer scale.
+        layer_scale_init: initial layer scale; ``None``: no layer scale (no ``gamma``).
         fused: run the fused forward (:meth:`forward_fused`); ``False`` runs the plain one.
     """
 
@@ -188,7 +198,7 @@ class TemporalAttention(nn.Module):
         causal: bool = True,
         kernel: str = "sdpa",
         drop_path: float = 0.0,
-        layer_scale_init: float = 0.1,
+        layer_scale_init: float | None = 0.1,
         rel_pos_buckets: int = 32,
         rel_pos_max_distance: int = 128,
         fused: bool = True,
@@ -197,7 +207,11 @@ class TemporalAttention(nn.Module):
         self.heads, self.head_dim, self.kernel, self.causal = heads, dim // heads, kernel, causal
         self.fused, self._derived = fused, _DerivedCache()
         self.drop_path, self.layer_scale_init = drop_path, layer_scale_init
-        self.gamma = nn.Parameter(torch.full((dim,), layer_scale_init))
+        self.gamma = (
+            None
+            if layer_scale_init is None
+            else nn.Parameter(torch.full((dim,), float(layer_scale_init)))
+        )
         self.norm1 = RMSGroupNorm(dim, groups)
         self.input_head = nn.Linear(dim, 3 * dim)
         self.output_head = nn.Linear(dim, dim)
@@ -231,13 +245,13 @@ class TemporalAttention(nn.Module):
     def _fused_params(self, cd: torch.dtype, t: int, s: int, device: torch.device) -> tuple:
         """Weights with the norm weight and layer scale folded in, in dtype ``cd``."""
         win, wout = self.input_head, self.output_head
-        params = [self.norm1.weight, win.weight, win.bias, wout.weight, wout.bias, self.gamma]
-        params += [self.rel_pos_bias.relative_attention_bias.weight]
+        params = _present(self.norm1.weight, win.weight, win.bias, wout.weight, wout.bias)
+        params += _present(self.gamma, self.rel_pos_bias.relative_attention_bias.weight)
 
         def build() -> tuple[Tensor, ...]:
             w_in = (win.weight * self.norm1.weight).to(cd).t()  # (C, 3C)
-            w_out = (wout.weight * self.gamma[:, None]).to(cd).t()  # (C, C)
-            b_out = (wout.bias * self.gamma).to(cd)  # (C,)
+            w_out = _layer_scaled(wout.weight, self.gamma).to(cd).t()  # (C, C)
+            b_out = _layer_scaled(wout.bias, self.gamma).to(cd)  # (C,)
             bias = self.rel_pos_bias(t, device).to(cd)  # (nh, T, T)
             bias = bias.expand(s, *bias.shape).reshape(-1, t, t)  # (S*nh, T, T)
             return w_in, win.bias.to(cd), w_out, b_out, bias
@@ -280,14 +294,14 @@ class TemporalAttention(nn.Module):
     def _inference_params(self, cd: torch.dtype, t: int, s: int, device: torch.device) -> tuple:
         """Split q/k/v weights, output weights and the attention mask, in dtype ``cd``."""
         win, wout, c = self.input_head, self.output_head, self.input_head.in_features
-        params = [self.norm1.weight, win.weight, win.bias, wout.weight, wout.bias, self.gamma]
-        params += [self.rel_pos_bias.relative_attention_bias.weight]
+        params = _present(self.norm1.weight, win.weight, win.bias, wout.weight, wout.bias)
+        params += _present(self.gamma, self.rel_pos_bias.relative_attention_bias.weight)
 
         def build() -> tuple[Tensor, ...]:
             w_in = (win.weight * self.norm1.weight).to(cd)  # (3C, C)
             b_in = win.bias.to(cd)  # (3C,)
-            w_out = (wout.weight * self.gamma[:, None]).to(cd).t()  # (C, C)
-            b_out = (wout.bias * self.gamma).to(cd)  # (C,)
+            w_out = _layer_scaled(wout.weight, self.gamma).to(cd).t()  # (C, C)
+            b_out = _layer_scaled(wout.bias, self.gamma).to(cd)  # (C,)
             bias = self.rel_pos_bias(t, device).to(cd)  # (nh, T, T)
             bias = bias.expand(s, *bias.shape).reshape(-1, t, t)  # (S*nh, T, T)
             mask = bias[None]  # (1, S*nh, T, T)
@@ -340,7 +354,7 @@ class SpatialAttention(nn.Module):
         mlp_dim: width M of the feed-forward branch before the SwiGLU gate (even).
         kernel: attention kernel name.
         drop_path: drop path probability.
-        layer_scale_init: initial layer scale.
+        layer_scale_init: initial layer scale; ``None``: no layer scale (no ``gamma_att``).
         fused: run the fused forward (:meth:`forward_fused`); ``False`` runs the plain one.
     """
 
@@ -353,14 +367,18 @@ class SpatialAttention(nn.Module):
         *,
         kernel: str = "sdpa",
         drop_path: float = 0.0,
-        layer_scale_init: float = 0.1,
+        layer_scale_init: float | None = 0.1,
         fused: bool = True,
     ):
         super().__init__()
         self.heads, self.head_dim, self.mlp_dim, self.kernel = heads, dim // heads, mlp_dim, kernel
         self.fused, self._derived = fused, _DerivedCache()
         self.drop_path, self.layer_scale_init = drop_path, layer_scale_init
-        self.gamma_att = nn.Parameter(torch.full((dim,), layer_scale_init))
+        self.gamma_att = (
+            None
+            if layer_scale_init is None
+            else nn.Parameter(torch.full((dim,), float(layer_scale_init)))
+        )
         self.norm1 = RMSGroupNorm(dim, groups)
         self.fused_ff_qkv = nn.Linear(dim, mlp_dim + 3 * dim)
         self.ff_out = nn.Sequential(SwiGLU(), nn.Linear(mlp_dim // 2, dim))
@@ -403,17 +421,15 @@ class SpatialAttention(nn.Module):
         """
         ff_out = self.ff_out[1]
         norms = (self.q_norm, self.k_norm)
-        params = [ff_out.weight, ff_out.bias]
-        params += [self.attn_out.weight, self.gamma_att] + [
-            p for n in norms for p in (n.weight, n.bias)
-        ]
+        params = _present(ff_out.weight, ff_out.bias, self.attn_out.weight, self.gamma_att)
+        params += [p for n in norms for p in (n.weight, n.bias)]
         cos, sin = rope
 
         def build() -> tuple[Tensor, ...]:
-            g = self.gamma_att[:, None]
-            w_att = (self.attn_out.weight * g).to(cd).t()  # (C, C)
-            w_ff = (ff_out.weight * g).to(cd).t()  # (M/2, C)
-            b_ff = (ff_out.bias * self.gamma_att).to(cd)  # (C,)
+            g = self.gamma_att
+            w_att = _layer_scaled(self.attn_out.weight, g).to(cd).t()  # (C, C)
+            w_ff = _layer_scaled(ff_out.weight, g).to(cd).t()  # (M/2, C)
+            b_ff = _layer_scaled(ff_out.bias, g).to(cd)  # (C,)
             w = torch.stack([n.weight for n in norms])  # (2, E)
             bias = torch.stack([n.bias for n in norms])  # (2, E)
             c32, s32 = cos.float()[:, None], sin.float()[:, None]  # (S, 1, 1, E)

@@ -8,7 +8,12 @@ tensor).
 
 Stride modulation: the kernels are fixed; per axis, strides ``(s1, s2)`` are picked from a list
 so that ``size / (s1*s2)`` lands near a target latent size. ``official_strides`` is the official
-Walrus lookup table instead (used with ``compat="walrus_official"``).
+Walrus lookup table instead (used with both official compat modes).
+
+The current official layout (``compat="walrus_current"``) has no separate field embedding:
+:class:`FieldEncoder`'s first conv takes the raw fields plus three boundary flag channels,
+with one input column per vocabulary field. Its decoder wraps periodic axes around before each
+transposed conv (:attr:`Decoder.periodic_wrap`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -133,11 +139,71 @@ class Encoder(nn.Module):
         Returns:
             ``(N, dim, *latent)``.
         """
+        return self._encode(x, self.proj1.weight, active, strides)
+
+    def _encode(
+        self, x: Tensor, w1: Tensor, active: Sequence[bool], strides: Sequence[tuple[int, int]]
+    ) -> Tensor:
+        """Both convs, the first with kernel ``w1`` ``(inter, x channels, k1, k1, k1)``."""
         conv = CONV[len(strides)]
-        x = conv(x, _squeeze_kernel(self.proj1.weight, active), stride=[s[0] for s in strides])
+        x = conv(x, _squeeze_kernel(w1, active), stride=[s[0] for s in strides])
         x = F.silu(self.norm1(x))
         x = conv(x, _squeeze_kernel(self.proj2.weight, active), stride=[s[1] for s in strides])
         return F.silu(self.norm2(x))
+
+
+class FieldEncoder(Encoder):
+    """Encoder of the current official layout: the field projection is its first conv.
+
+    ``proj1`` has one input column per vocabulary field. The input is the batch's C fields
+    followed by three flag channels (ones, wall flag, open flag: see
+    :func:`walrus.model.jitter.flag_jitter`), projected by the columns ``fields`` and
+    ``flag_fields``. The field and ones columns are rescaled by
+    ``sqrt((n_fields - 3) / C)``; the two boundary flag columns are not.
+
+    Args:
+        n_fields: vocabulary size (input columns of ``proj1``).
+        inter_dim, dim, kernels, groups: as :class:`Encoder`.
+        flag_fields: vocabulary ids of the ones, wall and open channels.
+    """
+
+    def __init__(
+        self,
+        n_fields: int,
+        inter_dim: int,
+        dim: int,
+        kernels: tuple[int, int],
+        groups: int,
+        flag_fields: Sequence[int] = (2, 0, 1),
+    ):
+        super().__init__(n_fields, inter_dim, dim, kernels, groups)
+        self.flag_fields = tuple(int(i) for i in flag_fields)
+
+    def forward(
+        self,
+        x: Tensor,
+        fields: Tensor,
+        active: Sequence[bool],
+        strides: Sequence[tuple[int, int]],
+    ) -> Tensor:
+        """Encode.
+
+        Args:
+            x: ``(N, C + 3, *padded)`` over the active axes: fields, then the flag channels.
+            fields: ``(C,)`` long vocabulary ids on the weight's device.
+            active: which of the 3 axes are present in ``x``.
+            strides: ``(s1, s2)`` per present axis.
+
+        Returns:
+            ``(N, dim, *latent)``.
+        """
+        w = self.proj1.weight  # (inter, n_fields, k, k, k)
+        c = x.shape[1] - len(self.flag_fields)
+        scale = math.sqrt((w.shape[1] - len(self.flag_fields)) / c)
+        ones, wall, open_ = (w[:, i : i + 1] for i in self.flag_fields)  # python ints: no copy
+        # (inter, C + 3, k1, k1, k1): fields and ones rescaled, boundary flags as they are
+        w1 = torch.cat([w[:, fields] * scale, ones * scale, wall, open_], dim=1)
+        return self._encode(x, w1, active, strides)
 
 
 class Decoder(nn.Module):
@@ -145,10 +211,14 @@ class Decoder(nn.Module):
 
     The last layer holds one output channel (and bias) per vocabulary field; only the batch's
     fields are computed. ``kernel_reduce`` says how kernels collapse over inactive axes:
-    ``"sum"`` (default, like the encoder) or ``"mean"`` (official Walrus).
+    ``"sum"`` (default, like the encoder) or ``"mean"`` (official Walrus). With
+    ``periodic_wrap`` (current official layout) each transposed conv sees its input wrapped
+    around periodic axes by ``(k - s) // s`` tokens per side, and the extra output is cropped:
+    the borders of a periodic axis get the contributions of the tokens across the boundary.
     """
 
     kernel_reduce: str = "sum"
+    periodic_wrap: bool = False
 
     def __init__(
         self, dim: int, inter_dim: int, n_fields: int, kernels: tuple[int, int], groups: int
@@ -160,7 +230,12 @@ class Decoder(nn.Module):
         self.proj2 = nn.ConvTranspose3d(inter_dim, n_fields, k1)
 
     def forward(
-        self, x: Tensor, fields: Tensor, active: Sequence[bool], strides: Sequence[tuple[int, int]]
+        self,
+        x: Tensor,
+        fields: Tensor,
+        active: Sequence[bool],
+        strides: Sequence[tuple[int, int]],
+        periodic: Sequence[bool] | None = None,
     ) -> Tensor:
         """Decode.
 
@@ -169,14 +244,32 @@ class Decoder(nn.Module):
             fields: ``(C,)`` long vocabulary ids on the weight's device.
             active: which of the 3 axes are present.
             strides: ``(s1, s2)`` per present axis.
+            periodic: per present axis, whether it is periodic (used with ``periodic_wrap``).
 
         Returns:
             ``(N, C, *padded)``.
         """
-        conv_t = CONV_T[len(strides)]
         red = self.kernel_reduce
+        wrap = list(periodic) if self.periodic_wrap and periodic else [False] * len(strides)
         w1 = _squeeze_kernel(self.proj1.weight, active, red)  # (dim, inter, *k)
-        x = conv_t(x, w1, stride=[s[1] for s in strides])
+        x = self._conv_t(x, w1, None, [s[1] for s in strides], wrap)
         x = F.silu(self.norm1(x))
         w = _squeeze_kernel(self.proj2.weight[:, fields], active, red)  # (inter, C, *k)
-        return conv_t(x, w, self.proj2.bias[fields], stride=[s[0] for s in strides])
+        return self._conv_t(x, w, self.proj2.bias[fields], [s[0] for s in strides], wrap)
+
+    @staticmethod
+    def _conv_t(
+        x: Tensor, w: Tensor, bias: Tensor | None, strides: list[int], wrap: list[bool]
+    ) -> Tensor:
+        """Transposed conv; wrapped axes get ``p = (k - s) // s`` input tokens per side, and the
+        ``p * s`` extra outputs per side are cropped (same output length as without wrap)."""
+        pads = [
+            (w.shape[2 + i] - s) // s if on else 0 for i, (s, on) in enumerate(zip(strides, wrap))
+        ]
+        if any(pads):
+            x = F.pad(x, [p for pad in reversed(pads) for p in (pad, pad)], mode="circular")
+        y = CONV_T[len(strides)](x, w, bias, stride=strides)
+        for i, (pad, s) in enumerate(zip(pads, strides)):
+            if pad:
+                y = y.narrow(2 + i, pad * s, y.shape[2 + i] - 2 * pad * s)
+        return y

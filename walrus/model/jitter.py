@@ -12,10 +12,18 @@ The padding also includes what the strided convolutions need to tile the axis ex
 layout of the padding depends only on the configuration, never on whether a random offset is
 drawn, so training and evaluation see the same latent grid. :meth:`PatchJitterer.unjitter`
 undoes a jitter exactly (roll back, crop, unroll).
+
+The current official layout (``compat="walrus_current"``) has no learned tokens:
+:func:`flag_jitter` pads with zeros and appends three indicator channels instead (ones outside
+non-periodic padding, a wall flag, an open flag), which the encoder projects like fields.
+
+Random offsets come from a :class:`JitterDraws` (a CPU generator); :class:`RecordedDraws`
+replays a fixed list instead, e.g. the draws another implementation made.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +63,11 @@ def plan_axis(
     ``k1 + s1*(k2-1) - P`` extra points; ``(-size) % P`` more pad the axis to a whole number of
     patches, and a non-periodic jittered axis gets ``P`` more (half a patch each side).
 
-    With ``compat="walrus_official"`` the official plan is used instead: a non-periodic
+    This default plan is also the current official layout's (``compat="walrus_current"``,
+    which pads ``(k1 + s1*(k2-1) - P) // 2`` per side): the two agree whenever ``size`` is a
+    multiple of ``P``, the only sizes the official code accepts.
+
+    With ``compat="walrus_official"`` the legacy official plan is used instead: a non-periodic
     jittered axis first gets ``P // 2`` per side, then ``(P - r) // 2`` on both sides with
     ``r = (n - k1 + s1 - k2*s1) mod P`` for the (enlarged) length ``n`` (symmetric; the convs
     tile exactly when ``P - r`` is even).
@@ -72,6 +84,110 @@ def plan_axis(
         lo = conv_pad // 2 + extra
         hi = conv_pad - conv_pad // 2 + (-size) % patch + extra
     return AxisPlan(lo=lo, hi=hi, shift=shift, bc_lo=int(bc[0]), bc_hi=int(bc[1]))
+
+
+class JitterDraws:
+    """Random integers for patch jitter and latent rolls, from a CPU generator.
+
+    Args:
+        generator: CPU ``torch.Generator``; ``None`` uses torch's global generator.
+    """
+
+    def __init__(self, generator: torch.Generator | None = None):
+        self.generator = generator
+
+    def randint(self, low: int, high: int) -> int:
+        """One integer in ``[low, high)``."""
+        return int(torch.randint(low, high, (1,), generator=self.generator))
+
+
+class RecordedDraws(JitterDraws):
+    """Replays recorded integers in order instead of drawing them.
+
+    Each value is checked against the range the model asks for, so a replay that drifts out of
+    step fails loudly. Use through :meth:`walrus.model.walrus.Walrus.replay_jitter`.
+
+    Args:
+        values: the integers, in the order the model draws them.
+    """
+
+    def __init__(self, values: Sequence[int]):
+        super().__init__(None)
+        self.values = [int(v) for v in values]
+        self.used = 0
+
+    def randint(self, low: int, high: int) -> int:
+        """The next recorded integer (``ValueError`` if none is left or it is outside the range)."""
+        if self.used >= len(self.values):
+            raise ValueError(
+                f"RecordedDraws: draw {self.used + 1} (range [{low}, {high})) was asked for but "
+                f"only {len(self.values)} were recorded"
+            )
+        value = self.values[self.used]
+        if not low <= value < high:
+            raise ValueError(
+                f"RecordedDraws: draw {self.used + 1} is {value}, outside the range "
+                f"[{low}, {high}) the model draws from"
+            )
+        self.used += 1
+        return value
+
+
+def pad_axes(x: Tensor, plans: list[AxisPlan]) -> Tensor:
+    """Pad every axis of ``x`` ``(N, C, *spatial)``: periodic axes are shifted then wrapped
+    around, the others get zeros (not yet shifted). Returns ``(N, C, *padded)``."""
+    for i, p in enumerate(plans):
+        ax = 2 + i
+        n = x.shape[ax]
+        if p.periodic:
+            idx = (torch.arange(-p.lo, n + p.hi, device=x.device) - p.shift) % n
+            x = x.index_select(ax, idx)
+        else:
+            x = F.pad(x, [0, 0] * (x.ndim - ax - 1) + [p.lo, p.hi])
+    return x
+
+
+def _edge_masks(p: AxisPlan, length: int, device: torch.device, dtype: torch.dtype):
+    """``(lo, hi)`` masks ``(length,)``: 1 in the axis' low / high padding, 0 elsewhere."""
+    pos = torch.arange(length, device=device)
+    return (pos < p.lo).to(dtype), (pos >= length - p.hi).to(dtype)
+
+
+def _along(v: Tensor, ax: int, ndim: int) -> Tensor:
+    """A vector ``(L,)`` shaped to broadcast along axis ``ax`` of an ``ndim`` tensor."""
+    return v.view(*(1,) * ax, -1, *(1,) * (ndim - ax - 1))
+
+
+def flag_jitter(x: Tensor, plans: list[AxisPlan]) -> Tensor:
+    """Pad and shift with boundary flag channels (current official layout).
+
+    Non-periodic padding is zeros; three channels are appended: ``ones`` (0 inside any
+    non-periodic padding), ``wall`` and ``open`` (1 inside a padding of that boundary type;
+    corners get the sum). Periodic axes are shifted and wrapped; the others are shifted after
+    padding, flags included.
+
+    Args:
+        x: ``(N, C, *spatial)`` with one plan per spatial axis.
+
+    Returns:
+        ``(N, C + 3, *padded)``.
+    """
+    x = pad_axes(x, plans)
+    n, padded = x.shape[0], x.shape[2:]
+    flags = x.new_zeros(3, *padded)  # (3, *padded): ones, wall, open
+    flags[0] = 1.0
+    for i, p in enumerate(plans):
+        if p.periodic:
+            continue
+        lo, hi = _edge_masks(p, padded[i], x.device, x.dtype)
+        flags[0] *= _along(1.0 - (lo + hi).clamp(max=1.0), i, len(padded))
+        flags[1 + p.bc_lo] += _along(lo, i, len(padded))
+        flags[1 + p.bc_hi] += _along(hi, i, len(padded))
+    x = torch.cat([x, flags.expand(n, 3, *padded)], dim=1)  # (N, C + 3, *padded)
+    for i, p in enumerate(plans):
+        if p.shift and not p.periodic:
+            x = torch.roll(x, p.shift, dims=2 + i)
+    return x
 
 
 class PatchJitterer(nn.Module):
@@ -98,14 +214,7 @@ class PatchJitterer(nn.Module):
         Returns:
             ``(N, dim, *padded)`` with ``padded[i] = spatial[i] + lo + hi``.
         """
-        for i, p in enumerate(plans):  # pad every axis first: wrap or zeros
-            ax = 2 + i
-            n = x.shape[ax]
-            if p.periodic:
-                idx = (torch.arange(-p.lo, n + p.hi, device=x.device) - p.shift) % n
-                x = x.index_select(ax, idx)
-            else:
-                x = F.pad(x, [0, 0] * (x.ndim - ax - 1) + [p.lo, p.hi])
+        x = pad_axes(x, plans)  # pad every axis first: wrap or zeros
         if all(p.periodic for p in plans):
             return x
         tokens = self.padding_tokens.view(2, -1).to(x.dtype)  # (2, dim)
@@ -113,9 +222,7 @@ class PatchJitterer(nn.Module):
             if p.periodic:
                 continue
             ax = 2 + i
-            pos = torch.arange(x.shape[ax], device=x.device)
-            lo_mask = (pos < p.lo).to(x.dtype)  # (L,)
-            hi_mask = (pos >= x.shape[ax] - p.hi).to(x.dtype)  # (L,)
+            lo_mask, hi_mask = _edge_masks(p, x.shape[ax], x.device, x.dtype)  # (L,) each
             edge = (
                 tokens[p.bc_lo][:, None] * lo_mask + tokens[p.bc_hi][:, None] * hi_mask
             )  # (dim, L)
