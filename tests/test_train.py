@@ -306,3 +306,17 @@ def test_zscore_data_option_trains_with_stats_yaml(compose_cfg, tiny_data_root, 
     assert set(normalizer.stats["mean"]) >= {"vorticity", "velocity_x", "velocity_y"}
     meta = load_checkpoint_file(tmp_path / "checkpoints" / "last.ckpt")["walrus"]
     assert meta["normalizer"]["_target_"].endswith("ZScoreNormalizer")
+
+
+def test_model_config_from_a_file_is_data_not_instantiated():
+    from walrus.training.checkpoint import build_model
+
+    base = {"_target_": "walrus.model.walrus.Walrus", "n_fields": 4, "dim": 16, "depth": 1,
+            "heads": 2, "projection_dim": 8, "intermediate_dim": 16, "groups": 4}  # fmt: skip
+    assert build_model(base).dim == 16
+    with pytest.raises(ValueError, match="entry 'groups' must be a plain value"):
+        build_model({**base, "groups": {"_target_": "os.getcwd"}})
+    with pytest.raises(ValueError, match="not an attention kernel"):
+        build_model({**base, "temporal_kernel": "${oc.env:HOME}"})  # never resolved
+    with pytest.raises(ValueError, match="cannot build the model from its config"):
+        build_model({**base, "no_such_option": 1})

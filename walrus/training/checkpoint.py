@@ -85,16 +85,39 @@ def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def build_model(model_config: dict[str, Any], **overrides: Any) -> nn.Module:
-    """Build the model a config describes (only allow-listed classes)."""
-    from hydra.utils import instantiate
+    """Build the model a config describes: an allow-listed class called with plain keywords.
 
-    if model_config.get("_target_") not in MODEL_TARGETS:
-        raise ValueError(f"model config names {model_config.get('_target_')!r}, not a walrus model")
+    The config is data (it may come from a checkpoint file): it is never passed to Hydra, so
+    no ``_target_`` inside it is instantiated and no ``${...}`` string is resolved.
+
+    Raises:
+        ValueError: an unknown class, a nested object config, or arguments the class rejects.
+    """
+    from walrus.model.walrus import Walrus
+
+    classes = {"walrus.model.walrus.Walrus": Walrus}
+    target = model_config.get("_target_")
+    if target not in MODEL_TARGETS:
+        raise ValueError(f"model config names {target!r}, not a walrus model")
+    kwargs = {k: v for k, v in {**model_config, **overrides}.items() if k != "_target_"}
+    for key, value in kwargs.items():
+        if not isinstance(key, str) or not _plain_value(value):
+            raise ValueError(
+                f"model config entry {key!r} must be a plain value (number, string, bool, list), "
+                f"got {type(value).__name__}"
+            )
     try:
-        return instantiate({**model_config, **overrides}, _convert_="all")
-    except Exception as e:  # Hydra wraps the constructor's error
-        cause = e.__cause__ or e
-        raise ValueError(f"cannot build the model from its config: {cause}") from None
+        return classes[target](**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"cannot build the model from its config: {e}") from None
+
+
+def _plain_value(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_plain_value(v) for v in value)
+    return False
 
 
 def load_weights_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
