@@ -122,6 +122,7 @@ def test_mean_std_normalisation_matches_hand_formula_and_inverts():
     "normalizer",
     [
         RMSNormalizer(eps=1e-3),
+        RMSNormalizer(delta="state"),
         MeanStdNormalizer(eps=1e-2),
         ZScoreNormalizer({"mean": {"a": 1.0}, "std": {"a": 2.0}}),
     ],
@@ -138,3 +139,20 @@ def test_build_normalizer_defaults_to_rms_and_refuses_other_targets():
     assert isinstance(build_normalizer(None), RMSNormalizer)
     with pytest.raises(ValueError, match="unknown normaliser 'os.system'"):
         build_normalizer({"_target_": "os.system", "command": "true"})
+
+
+def test_rms_delta_in_state_units_ignores_the_windows_own_changes():
+    torch.manual_seed(0)
+    t = torch.arange(4.0).view(1, 4, 1, 1, 1)
+    x = torch.randn(2, 1, 3, 8, 8) + 0.01 * t  # slow change: deltas of 0.01
+    noisy = x.clone()
+    noisy[:, -1] += 0.05 * torch.randn_like(x[:, -1])  # a bad last frame, as in a rollout
+    window, state = RMSNormalizer(), RMSNormalizer(delta="state")
+    s = state.fit(x)
+    torch.testing.assert_close(s.delta_scale, s.scale)
+    # the window unit follows the bad frame; the state unit barely moves
+    grow_window = (window.fit(noisy).delta_scale / window.fit(x).delta_scale).min()
+    grow_state = (state.fit(noisy).delta_scale / s.delta_scale).max()
+    assert grow_window > 1.5 and grow_state < 1.2
+    with pytest.raises(ValueError, match="delta must be one of"):
+        RMSNormalizer(delta="global")

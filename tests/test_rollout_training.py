@@ -127,6 +127,7 @@ def test_noisy_inputs_get_targets_back_to_clean_frames():
         ({"rollout_curriculum": 2.0}, "rollout_curriculum"),
         ({"noise_units": "std"}, "noise_units"),
         ({"input_noise": -1.0}, "input_noise"),
+        ({"loss_weighting": "inverse"}, "loss_weighting"),
     ],
 )
 def test_bad_training_options_are_named(kwargs, match):
@@ -159,3 +160,29 @@ def test_pushforward_run_keeps_the_best_rollout_checkpoint(compose_cfg, tiny_dat
     assert ckpt.monitor == "val/rollout_vrmse"
     assert ckpt.best_model_path and ckpt.best_model_score is not None
     assert float(ckpt.best_model_score) <= metrics["val/rollout_vrmse"] + 1e-6
+
+
+def test_delta_rms_weighting_measures_errors_in_window_delta_units():
+    """With state-unit deltas and delta_rms weighting the loss equals the window-unit loss."""
+    batch = _batch()
+    frames = torch.cat([batch.input_fields, batch.output_fields], dim=1)
+    win = WalrusModule(LinearStep(), optimizer=torch.optim.AdamW)
+    state = WalrusModule(
+        LinearStep(),
+        optimizer=torch.optim.AdamW,
+        normalizer=RMSNormalizer(delta="state"),
+        loss_weighting="delta_rms",
+    )
+    x_w, t_w, s_w = win._targets(batch.input_fields, frames, 0, None)
+    x_s, t_s, s_s = state._targets(batch.input_fields, frames, 0, None)
+    torch.testing.assert_close(x_w, x_s)
+    ratio = s_w.delta_scale / s_s.delta_scale  # window unit over state unit
+    pred_w = 0.7 * t_w + 0.1  # any prediction, in window units ...
+    pred_s = pred_w * ratio  # ... and the same physical deltas in state units
+    ref = normalized_loss(pred_w, t_w)
+    # equal up to the normaliser's eps (1e-4 on unit-size RMS values)
+    torch.testing.assert_close(
+        state._loss(pred_s, t_s, batch.input_fields, s_s), ref, rtol=1e-3, atol=0
+    )
+    unweighted = WalrusModule(LinearStep(), optimizer=torch.optim.AdamW)
+    assert not torch.allclose(unweighted._loss(pred_s, t_s, batch.input_fields, s_s), ref)

@@ -79,6 +79,7 @@ def test_run_writes_config_checkpoints_and_logs(compose_cfg, tiny_data_root, tmp
     assert meta["normalizer"] == {
         "_target_": "walrus.data.normalization.RMSNormalizer",
         "eps": 1e-4,
+        "delta": "window",
     }
     model, vocab = load_model(tmp_path / "checkpoints" / "last.ckpt")
     assert "vorticity" in vocab

@@ -52,21 +52,35 @@ def _per_field(x: Tensor) -> tuple[int, ...]:
     return (1, *range(3, x.ndim))
 
 
+DELTA_UNITS = ("window", "state")
+
+
 class RMSNormalizer:
     """Per-sample RMS normalisation of the input window (Walrus).
 
     Args:
         eps: floor added to every RMS so constant-zero fields stay finite.
+        delta: unit of the predicted frame deltas. ``"window"``: the RMS of the window's own
+            frame-to-frame deltas (Walrus). In a rollout the window soon holds the model's own
+            predictions, so an error in their size feeds back into the unit of the next
+            prediction, and the size error compounds step after step (rollouts freeze or blow
+            up). ``"state"``: the RMS of the window's values, which errors barely move; the
+            model then predicts how large the change is.
     """
 
-    def __init__(self, eps: float = 1e-4) -> None:
+    def __init__(self, eps: float = 1e-4, delta: str = "window") -> None:
+        if delta not in DELTA_UNITS:
+            raise ValueError(f"RMSNormalizer delta must be one of {DELTA_UNITS}, got {delta!r}")
         self.eps = eps
+        self.delta = delta
 
     def fit(self, x: Tensor, field_names: Sequence[str] | None = None) -> NormStats:
         """Statistics of an input window ``x`` ``(B, T, C, *spatial)``."""
         dims = _per_field(x)
         xf = x.float()
         scale = xf.square().mean(dim=dims, keepdim=True).sqrt() + self.eps  # (B, 1, C, 1, ...)
+        if self.delta == "state":
+            return NormStats(shift=torch.zeros_like(scale), scale=scale, delta_scale=scale)
         if x.shape[1] > 1:
             d = xf[:, 1:] - xf[:, :-1]  # (B, T-1, C, *spatial)
             delta_scale = d.square().mean(dim=dims, keepdim=True).sqrt() + self.eps
@@ -75,7 +89,7 @@ class RMSNormalizer:
         return NormStats(shift=torch.zeros_like(scale), scale=scale, delta_scale=delta_scale)
 
     def config(self) -> dict[str, Any]:
-        return {"_target_": f"{__name__}.RMSNormalizer", "eps": self.eps}
+        return {"_target_": f"{__name__}.RMSNormalizer", "eps": self.eps, "delta": self.delta}
 
 
 class MeanStdNormalizer:
@@ -130,7 +144,9 @@ class ZScoreNormalizer:
         missing = [n for n in names if n not in table]
         if missing:
             raise ValueError(f"normalisation stats section {section!r} has no entry for {missing}")
-        return torch.tensor([float(table[n]) for n in names], dtype=torch.float32, device=like.device)
+        return torch.tensor(
+            [float(table[n]) for n in names], dtype=torch.float32, device=like.device
+        )
 
     def fit(self, x: Tensor, field_names: Sequence[str] | None = None) -> NormStats:
         if field_names is None or len(field_names) != x.shape[2]:
@@ -148,7 +164,8 @@ class ZScoreNormalizer:
 
 
 NORMALIZERS = {
-    f"{__name__}.{cls.__name__}": cls for cls in (RMSNormalizer, MeanStdNormalizer, ZScoreNormalizer)
+    f"{__name__}.{cls.__name__}": cls
+    for cls in (RMSNormalizer, MeanStdNormalizer, ZScoreNormalizer)
 }
 
 

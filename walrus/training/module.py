@@ -19,6 +19,7 @@ from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_grou
 
 ROLLOUT_MODES = ("one_step", "pushforward", "unrolled")
 NOISE_UNITS = ("input_rms", "delta_rms")
+LOSS_WEIGHTINGS = ("none", "delta_rms")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -54,6 +55,10 @@ class WalrusModule(pl.LightningModule):
         rollout_steps: ``k``, the longest unroll.
         rollout_curriculum: fraction of the training steps over which ``k`` grows linearly
             from 1 to ``rollout_steps`` (0: ``rollout_steps`` from the start).
+        loss_weighting: ``"none"``, or ``"delta_rms"``: weigh each sample and field's error by
+            ``delta_scale / RMS(window deltas)``, i.e. measure it in units of the window's
+            frame-to-frame change whatever the normaliser's delta unit (with
+            ``RMSNormalizer(delta="state")`` slow and fast windows then count alike).
         compile: ``torch.compile`` each processor block in place (where the compute is; the
             state dict keeps its keys). Compiling the whole model is not supported: inductor
             mis-handles the encoder/jitter views and the inference workspace's ``out=`` writes.
@@ -79,6 +84,7 @@ class WalrusModule(pl.LightningModule):
         rollout_mode: str = "one_step",
         rollout_steps: int = 1,
         rollout_curriculum: float = 0.0,
+        loss_weighting: str = "none",
         compile: bool = False,
         model_config: dict[str, Any] | None = None,
         vocab: dict[str, Any] | None = None,
@@ -105,6 +111,10 @@ class WalrusModule(pl.LightningModule):
             raise ValueError(
                 f"module.rollout_curriculum must be in [0, 1], got {rollout_curriculum!r}"
             )
+        if loss_weighting not in LOSS_WEIGHTINGS:
+            raise ValueError(
+                f"module.loss_weighting must be one of {LOSS_WEIGHTINGS}, got {loss_weighting!r}"
+            )
         if input_noise < 0:
             raise ValueError(f"module.input_noise must be >= 0, got {input_noise!r}")
         self.model = model
@@ -121,6 +131,7 @@ class WalrusModule(pl.LightningModule):
         self.rollout_mode = rollout_mode
         self.rollout_steps = 1 if rollout_mode == "one_step" else rollout_steps
         self.rollout_curriculum = rollout_curriculum
+        self.loss_weighting = loss_weighting
         self.model_config = model_config or {}
         self.vocab = vocab or {}
         self.data_config = data_config or {}
@@ -135,10 +146,15 @@ class WalrusModule(pl.LightningModule):
     def _noise(self, x: Tensor, scale: Tensor) -> Tensor:
         """Gaussian noise of ``input_noise`` units for a window ``x`` ``(B, T, C, *S)``."""
         if self.noise_units == "delta_rms" and x.shape[1] > 1:
-            dims = (1, *range(3, x.ndim))
-            d = x[:, 1:].float() - x[:, :-1].float()  # (B, T-1, C, *S)
-            scale = d.square().mean(dim=dims, keepdim=True).sqrt()  # (B, 1, C, 1, ...)
+            scale = _delta_rms(x)
         return self.input_noise * scale * torch.randn_like(x)
+
+    def _loss(self, pred: Tensor, target: Tensor, window: Tensor, stats: Any) -> Tensor:
+        """Loss in normalised space, weighted as ``loss_weighting`` says."""
+        if self.loss_weighting == "delta_rms" and self.predict_delta and window.shape[1] > 1:
+            w = (stats.delta_scale / (_delta_rms(window) + 1e-12)).detach()  # (B, 1, C, 1, ...)
+            return normalized_loss(pred * w, target * w, self.loss_kind)
+        return normalized_loss(pred, target, self.loss_kind)
 
     def _targets(
         self, window: Tensor, frames: Tensor, offset: int, names: Any, noise: bool = False
@@ -202,7 +218,7 @@ class WalrusModule(pl.LightningModule):
                 x_n, target, stats = self._targets(window, frames, j, names, noise=j == 0)
                 pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
                 if grad:
-                    losses.append(normalized_loss(pred, target, self.loss_kind))
+                    losses.append(self._loss(pred, target, window, stats))
                 if j < k - 1:
                     nxt = self._next_frame(window, pred[:, -1:].float(), stats)
                     window = torch.cat([window[:, 1:], nxt.to(window.dtype)], dim=1)
@@ -312,6 +328,13 @@ class WalrusModule(pl.LightningModule):
             "data_config": self.data_config,
             "normalizer": self.normalizer.config() if hasattr(self.normalizer, "config") else None,
         }
+
+
+def _delta_rms(x: Tensor) -> Tensor:
+    """RMS of the frame-to-frame changes of ``x`` ``(B, T, C, *S)`` -> ``(B, 1, C, 1, ...)``."""
+    dims = (1, *range(3, x.ndim))
+    d = x[:, 1:].float() - x[:, :-1].float()  # (B, T-1, C, *S)
+    return d.square().mean(dim=dims, keepdim=True).sqrt()
 
 
 def _as_list(value: Any) -> Any:
