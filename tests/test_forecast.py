@@ -304,3 +304,42 @@ def test_ensemble_bad_arguments(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         next(ensemble_rollout(ZeroModel(), _ens_batch(), 1, **kwargs))
+
+
+class ConstantDelta(nn.Module):
+    """Predicts the same normalised delta ``c`` everywhere (``c > 1`` overshoots its unit)."""
+
+    def __init__(self, c: float) -> None:
+        super().__init__()
+        self.c = c
+
+    def forward(self, x: Tensor, fields: Tensor, bcs: Tensor, *, jitter_seed: int | None = None):
+        return torch.full_like(x[:, -1:], self.c)
+
+
+def _ramp_batch() -> Batch:
+    t = torch.arange(4.0).view(1, 4, 1, 1, 1)
+    x = 10.0 + 0.1 * t + torch.zeros(1, 4, 1, 8, 8)  # (1, 4, 1, 8, 8), steps of 0.1
+    return Batch(x, x[:, :0], torch.tensor([0]), torch.full((2, 2), 2))
+
+
+def test_delta_unit_cap_stops_an_overshoot_from_compounding():
+    batch = _ramp_batch()
+    steps = [p[0, 0, 0, 0].item() for p in rollout(ConstantDelta(2.0), batch, 6)]
+    free = [
+        p[0, 0, 0, 0].item() for p in rollout(ConstantDelta(2.0), batch, 6, cap_delta_unit=False)
+    ]
+    inc = torch.diff(torch.tensor([10.3, *steps]))
+    inc_free = torch.diff(torch.tensor([10.3, *free]))
+    unit = RMSNormalizer().fit(batch.input_fields).delta_scale.item()  # 0.1 + eps
+    torch.testing.assert_close(inc, torch.full_like(inc, 2 * unit), rtol=1e-4, atol=1e-5)
+    assert inc_free[-1] > 5 * inc_free[0]  # uncapped: each overshoot enlarges the next unit
+
+
+def test_delta_unit_cap_lets_the_unit_shrink():
+    batch = _ramp_batch()
+    capped = torch.stack(list(rollout(ConstantDelta(0.5), batch, 6)))
+    free = torch.stack(list(rollout(ConstantDelta(0.5), batch, 6, cap_delta_unit=False)))
+    torch.testing.assert_close(capped, free)
+    inc = torch.diff(capped[:, 0, 0, 0, 0])
+    assert inc[-1] < inc[0]  # slowing down is followed, not blocked

@@ -54,6 +54,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         normalizer=prep.ckpt.normalizer,
         jitter_seed=prep.jitter_seed,
         members=prep.members,
+        cap_delta_unit=prep.cap_delta_unit,
         autocast_dtype=prep.autocast_dtype,
         keep_predictions=False,
     )
@@ -78,6 +79,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         "predict_delta": prep.ckpt.predict_delta,
         "jitter_seed": prep.jitter_seed,
         "ensemble": prep.members,
+        "cap_delta_unit": prep.cap_delta_unit,
         "bf16": prep.autocast_dtype is not None,
         "notes": notes,
         "datasets": {

@@ -235,6 +235,7 @@ class Prepared:
     jitter_seed: int | None
     autocast_dtype: torch.dtype | None
     members: int = 1
+    cap_delta_unit: bool = True
 
 
 def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
@@ -246,8 +247,9 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
     batch_size = positive_int(cfg, "batch_size")
     seed = positive_int(cfg, "seed", minimum=0)
     members = positive_int(cfg, "ensemble") if "ensemble" in cfg else 1
-    if not isinstance(cfg.get("bf16"), bool):
-        raise ValueError(f"option bf16 must be true or false, got {cfg.get('bf16')!r}")
+    for key in ("bf16", "cap_delta_unit"):
+        if not isinstance(cfg.get(key, True), bool):
+            raise ValueError(f"option {key} must be true or false, got {cfg.get(key)!r}")
     if cfg.get("jitter") not in (None, True, False):
         raise ValueError(
             f"option jitter must be true, false or null (the checkpoint's default), got "
@@ -272,4 +274,5 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
         jitter_seed=seed if jitter else None,
         autocast_dtype=torch.bfloat16 if cfg.bf16 else None,
         members=members,
+        cap_delta_unit=bool(cfg.get("cap_delta_unit", True)),
     )

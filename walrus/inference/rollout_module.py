@@ -105,6 +105,7 @@ class RolloutModule(pl.LightningModule):
         jitter_seed: ``None`` turns patch jitter off; an int makes it on and reproducible.
         members: ensemble size; more than one rolls out that many jittered copies of each
             trajectory (needs ``jitter_seed``), scores their mean and keeps their spread.
+        cap_delta_unit: cap each step's delta unit at the true context's (``walrus.forecast``).
         autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast.
         keep_predictions: keep every predicted frame (on the CPU) for ``predictions.hdf5``.
         progress: show a progress bar of rollout steps (rank 0 only).
@@ -127,6 +128,7 @@ class RolloutModule(pl.LightningModule):
         normalizer: Normalizer | None = None,
         jitter_seed: int | None = None,
         members: int = 1,
+        cap_delta_unit: bool = True,
         autocast_dtype: torch.dtype | None = None,
         keep_predictions: bool = True,
         progress: bool = False,
@@ -141,6 +143,7 @@ class RolloutModule(pl.LightningModule):
             raise ValueError(f"an ensemble of {members} members needs jitter on (a jitter seed)")
         self.jitter_seed = jitter_seed
         self.members = members
+        self.cap_delta_unit = cap_delta_unit
         self.autocast_dtype = autocast_dtype
         self.keep_predictions = keep_predictions
         self.progress = progress
@@ -164,6 +167,7 @@ class RolloutModule(pl.LightningModule):
             "normalizer": self.normalizer,
             "predict_delta": self.predict_delta,
             "autocast_dtype": self.autocast_dtype,
+            "cap_delta_unit": self.cap_delta_unit,
         }
         if self.members > 1:
             yield from ensemble_rollout(

@@ -157,7 +157,13 @@ class WalrusModule(pl.LightningModule):
         return normalized_loss(pred, target, self.loss_kind)
 
     def _targets(
-        self, window: Tensor, frames: Tensor, offset: int, names: Any, noise: bool = False
+        self,
+        window: Tensor,
+        frames: Tensor,
+        offset: int,
+        names: Any,
+        noise: bool = False,
+        max_delta_scale: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Any]:
         """Normalised model input and normalised targets for every output frame.
 
@@ -169,8 +175,12 @@ class WalrusModule(pl.LightningModule):
             names: field names for the normaliser.
             noise: add ``input_noise``; delta targets then lead from the noisy frame to the
                 clean next one.
+            max_delta_scale: cap on the delta unit, as a rollout applies it (the true
+                context's unit).
         """
         stats = self.normalizer.fit(window, names)
+        if max_delta_scale is not None:
+            stats.delta_scale = torch.minimum(stats.delta_scale, max_delta_scale)
         t_in = window.shape[1]
         x = window + self._noise(window, stats.scale) if noise and self.input_noise > 0 else window
         if getattr(self.model, "causal", True):
@@ -211,11 +221,13 @@ class WalrusModule(pl.LightningModule):
         names = batch.metadata.get("field_names")
         frames = torch.cat([batch.input_fields, batch.output_fields], dim=1)  # (B, Ti+To, C, *S)
         window = batch.input_fields  # (B, Ti, C, *S)
-        losses = []
+        losses, cap = [], None
         for j in range(k):
             grad = j == k - 1 or self.rollout_mode == "unrolled"
             with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-                x_n, target, stats = self._targets(window, frames, j, names, noise=j == 0)
+                x_n, target, stats = self._targets(window, frames, j, names, j == 0, cap)
+                if j == 0 and self.predict_delta:  # later steps: capped as in a rollout
+                    cap = stats.delta_scale.detach()
                 pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
                 if grad:
                     losses.append(self._loss(pred, target, window, stats))
