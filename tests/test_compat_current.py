@@ -333,7 +333,6 @@ def test_cli_truncated_file_gets_one_line(tmp_path: Path, capsys) -> None:
 
 
 @needs_fixture
-@pytest.mark.slow
 def test_finetune_converted_checkpoint_on_a_new_field(
     compose_cfg, tiny_data_root, tmp_path, converted, fixture
 ) -> None:
