@@ -186,3 +186,13 @@ def test_delta_rms_weighting_measures_errors_in_window_delta_units():
     )
     unweighted = WalrusModule(LinearStep(), optimizer=torch.optim.AdamW)
     assert not torch.allclose(unweighted._loss(pred_s, t_s, batch.input_fields, s_s), ref)
+
+
+@pytest.mark.parametrize("units", ["input_rms", "delta_rms"])
+def test_fields_that_do_not_change_get_no_noise(units):
+    torch.manual_seed(0)
+    moving = torch.randn(1, 4, 1, 8, 8)
+    steady = torch.randn(1, 1, 1, 8, 8).expand(1, 4, 1, 8, 8)  # e.g. a steady velocity
+    window = torch.cat([moving, steady], dim=2)  # (1, 4, 2, 8, 8)
+    noise = _module(input_noise=0.1, noise_units=units)._noise(window, torch.ones(1, 1, 2, 1, 1))
+    assert noise[:, :, 0].abs().sum() > 0 and torch.count_nonzero(noise[:, :, 1]) == 0

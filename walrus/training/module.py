@@ -144,10 +144,18 @@ class WalrusModule(pl.LightningModule):
         return self.model(x, fields, bcs)
 
     def _noise(self, x: Tensor, scale: Tensor) -> Tensor:
-        """Gaussian noise of ``input_noise`` units for a window ``x`` ``(B, T, C, *S)``."""
-        if self.noise_units == "delta_rms" and x.shape[1] > 1:
-            scale = _delta_rms(x)
-        return self.input_noise * scale * torch.randn_like(x)
+        """Gaussian noise of ``input_noise`` units for a window ``x`` ``(B, T, C, *S)``.
+
+        Fields that do not change within the window (a steady velocity, a parameter map) get
+        none: their delta targets are in units of a zero change, where any noise is huge.
+        """
+        if x.shape[1] < 2:
+            return self.input_noise * scale * torch.randn_like(x)
+        change = _delta_rms(x)  # (B, 1, C, 1, ...)
+        if self.noise_units == "delta_rms":
+            scale = change
+        moving = change > 1e-6 * x.float().abs().amax(dim=(1, *range(3, x.ndim)), keepdim=True)
+        return self.input_noise * scale * moving * torch.randn_like(x)
 
     def _loss(self, pred: Tensor, target: Tensor, window: Tensor, stats: Any) -> Tensor:
         """Loss in normalised space, weighted as ``loss_weighting`` says."""
