@@ -239,3 +239,32 @@ def test_bad_override_is_a_one_line_error_naming_it(tmp_path):
         q.ours_config(ref, tmp_path, 5, ["model=nonexistent"])
     with pytest.raises(q.BenchmarkError, match="no data/train/valid/test"):
         q.external_dataset(tmp_path)
+
+
+def test_readme_table_rows_come_from_the_json_with_ratios():
+    from benchmarks.quality_table import rows
+
+    def model(one, roll, steps=None):
+        out = {"one_step": {"mean": one}, "rollout": {"mean": dict(zip(["1", "2-10"], roll))}}
+        if steps:
+            out["train"] = {"steps": steps, "cpu_s": 12.3}
+        return out
+
+    data = {
+        "runs": [
+            {
+                "dataset": "/d/gs",
+                "budget": {"label": "10 steps"},
+                "windows": ["1", "2-10"],
+                "models": {
+                    "ours": model(0.2, [0.1, 0.5], 10),
+                    "fno": model(0.4, [0.2, 0.25], 10),
+                    "persistence": model(1.0, [1.0, 2.0]),
+                },
+            }
+        ]
+    }
+    got = rows(data)
+    assert [r[2] for r in got] == ["ours", "fno", "persistence", "**ours / fno**"]
+    assert got[0][3] == "10 / 12" and got[0][4:] == ["0.2", "0.1", "0.5"]
+    assert got[-1][4:] == ["0.5", "0.5", "2"]
