@@ -268,3 +268,16 @@ def test_readme_table_rows_come_from_the_json_with_ratios():
     assert [r[2] for r in got] == ["ours", "fno", "persistence", "**ours / fno**"]
     assert got[0][3] == "10 / 12" and got[0][4:] == ["0.2", "0.1", "0.5"]
     assert got[-1][4:] == ["0.5", "0.5", "2"]
+
+
+def test_fixed_delta_unit_keeps_the_first_windows_unit():
+    from benchmarks.delta_cap import FixedDeltaUnit
+    from walrus.data.normalization import RMSNormalizer
+
+    torch.manual_seed(0)
+    a, b = torch.randn(1, 4, 2, 8, 8), 3.0 * torch.randn(1, 4, 2, 8, 8)
+    fixed = FixedDeltaUnit(RMSNormalizer())
+    first = fixed.fit(a)
+    second = fixed.fit(b)
+    torch.testing.assert_close(second.delta_scale, first.delta_scale)
+    torch.testing.assert_close(second.scale, RMSNormalizer().fit(b).scale)  # state refitted
