@@ -225,7 +225,7 @@ class WalrusModule(pl.LightningModule):
     def _rollout_loss(self, batch: Batch) -> Tensor:
         """Loss of a one-step, pushforward or unrolled prediction (see ``rollout_mode``)."""
         k = self.unroll_steps()
-        self._check_frames(batch, max(k, 1))
+        self._check_frames(batch, k)
         names = batch.metadata.get("field_names")
         frames = torch.cat([batch.input_fields, batch.output_fields], dim=1)  # (B, Ti+To, C, *S)
         window = batch.input_fields  # (B, Ti, C, *S)
