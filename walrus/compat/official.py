@@ -448,6 +448,23 @@ def _rope_max_freq(state: Mapping[str, Tensor]) -> float:
     return round(2 * float(freqs.float()[-1]) / math.pi, 6)
 
 
+def _processor_shapes(state: Mapping[str, Tensor], dim: int) -> tuple[int, int, int, int, int]:
+    """``(head_dim, heads, rel-bias buckets, mlp_dim, depth)`` from the processor's tensors."""
+    head_dim = _shape(state, "blocks.0.time_mixing.qnorm.weight")[0]
+    buckets, heads = _shape(
+        state, "blocks.0.time_mixing.rel_pos_bias.relative_attention_bias.weight"
+    )
+    mlp_dim = _shape(state, "blocks.0.space_mixing.fused_ff_qkv.weight")[0] - 3 * dim
+    depth = len(_present(state, r"blocks\.(\d+)\."))
+    return head_dim, heads, buckets, mlp_dim, depth
+
+
+def _official_heads(official: Mapping[str, Any]) -> Any:
+    """``num_heads`` of an official config, top level or under ``processor.space_mixing``."""
+    space = (official.get("processor") or {}).get("space_mixing") or {}
+    return official.get("num_heads", space.get("num_heads"))
+
+
 def infer_config(
     state: Mapping[str, Tensor],
     official: Mapping[str, Any],
@@ -470,23 +487,16 @@ def infer_config(
     proj, n_states = _shape(state, "space_bag.linear.weight")
     inter, p1, k1 = _shape(state, f"embed.{d0}.proj1.weight")[:3]
     dim, i2, k2 = _shape(state, f"embed.{d0}.proj2.weight")[:3]
-    head_dim = _shape(state, "blocks.0.time_mixing.qnorm.weight")[0]
-    buckets, heads = _shape(
-        state, "blocks.0.time_mixing.rel_pos_bias.relative_attention_bias.weight"
-    )
-    mlp_dim = _shape(state, "blocks.0.space_mixing.fused_ff_qkv.weight")[0] - 3 * dim
-    depth = len(_present(state, r"blocks\.(\d+)\."))
+    head_dim, heads, buckets, mlp_dim, depth = _processor_shapes(state, dim)
     if p1 != proj or i2 != inter or heads * head_dim != dim or mlp_dim < 2:
         raise ValueError(
             f"{source}: inconsistent official shapes (projection {proj} vs {p1}, intermediate "
             f"{inter} vs {i2}, heads {heads} x head dim {head_dim} vs hidden {dim}, mlp {mlp_dim})"
         )
-    processor = official.get("processor") or {}
-    space = processor.get("space_mixing") or {}
     _check_given(
         {
             "hidden_dim": (official.get("hidden_dim"), dim),
-            "num_heads": (official.get("num_heads", space.get("num_heads")), heads),
+            "num_heads": (_official_heads(official), heads),
             "processor_blocks": (official.get("processor_blocks"), depth),
             "projection_dim": (official.get("projection_dim"), proj),
             "intermediate_dim": (official.get("intermediate_dim"), inter),
@@ -528,24 +538,17 @@ def _infer_current_config(
     d0 = _present(state, r"embed\.(\d)\.")[0]
     inter, n_states, k1 = _shape(state, f"embed.{d0}.proj1.weight")[:3]
     dim, i2, k2 = _shape(state, f"embed.{d0}.proj2.weight")[:3]
-    head_dim = _shape(state, "blocks.0.time_mixing.qnorm.weight")[0]
-    buckets, heads = _shape(
-        state, "blocks.0.time_mixing.rel_pos_bias.relative_attention_bias.weight"
-    )
-    mlp_dim = _shape(state, "blocks.0.space_mixing.fused_ff_qkv.weight")[0] - 3 * dim
-    depth = len(_present(state, r"blocks\.(\d+)\."))
+    head_dim, heads, buckets, mlp_dim, depth = _processor_shapes(state, dim)
     if i2 != inter or heads * head_dim != dim or mlp_dim < 2 or n_states <= len(FLAG_FIELDS):
         raise ValueError(
             f"{source}: inconsistent official shapes (intermediate {inter} vs {i2}, heads {heads} "
             f"x head dim {head_dim} vs hidden {dim}, mlp {mlp_dim}, {n_states} field columns in "
             f"embed.{d0}.proj1.weight)"
         )
-    processor = official.get("processor") or {}
-    space = processor.get("space_mixing") or {}
     _check_given(
         {
             "hidden_dim": (official.get("hidden_dim"), dim),
-            "num_heads": (official.get("num_heads", space.get("num_heads")), heads),
+            "num_heads": (_official_heads(official), heads),
             "processor_blocks": (official.get("processor_blocks"), depth),
             "intermediate_dim": (official.get("intermediate_dim"), inter),
             "n_states": (official.get("n_states"), n_states),
