@@ -374,7 +374,7 @@ def train_ours(
     objects, used, wall = _fit_ours(cfg, seconds)
     module = objects["module"]
     if weights == "best":
-        from walrus.training.checkpoint import load_checkpoint_file, model_state_dict
+        from walrus.checkpoint import load_checkpoint_file, model_state_dict
 
         best = objects["trainer"].checkpoint_callback
         path = getattr(best, "best_model_path", "") if best is not None else ""

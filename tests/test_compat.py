@@ -14,13 +14,13 @@ import torch
 import yaml
 
 from walrus.bcs import BoundaryType
+from walrus.checkpoint import load_model
 from walrus.compat import convert_state_dict, load_official, read_official_file, unwrap_state_dict
 from walrus.data.batch import Batch
 from walrus.forecast import rollout
 from walrus.model.encoder import official_strides
 from walrus.model.jitter import PatchJitterer, plan_axis
 from walrus.model.walrus import Walrus
-from walrus.training.checkpoint import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "walrus_reference_tiny.pt"

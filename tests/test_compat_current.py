@@ -15,13 +15,13 @@ import yaml
 
 from tests.conftest import CONFIG_DIR, REPO, tiny_train_overrides
 from walrus.bcs import BoundaryType
+from walrus.checkpoint import load_checkpoint_file, load_model
 from walrus.compat import check_layout, convert_state_dict, load_official
 from walrus.compat.__main__ import main as cli_main
 from walrus.compat.released import RELEASED_FIELDS, RELEASED_N_PARAMS
 from walrus.model.encoder import Decoder
 from walrus.model.jitter import AxisPlan, PatchJitterer, flag_jitter
 from walrus.model.walrus import Walrus
-from walrus.training.checkpoint import load_checkpoint_file, load_model
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 CURRENT = FIXTURES / "walrus_current_tiny2d.pt"

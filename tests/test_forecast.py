@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 from walrus.data.batch import Batch
 from walrus.data.normalization import RMSNormalizer
-from walrus.forecast import RolloutDivergedError, predict_next, rollout
+from walrus.errors import RolloutDivergedError
+from walrus.forecast import predict_next, rollout
 
 
 class ZeroModel(nn.Module):

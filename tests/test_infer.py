@@ -15,12 +15,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from torch import Tensor, nn
 
+from walrus.checkpoint import atomic_torch_save, build_model
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well import read_trajectory
 from walrus.data.writer import write_well_file
 from walrus.inference import command_override, run
 from walrus.metrics import METRICS
-from walrus.training.checkpoint import atomic_torch_save, build_model
 
 REPO = Path(__file__).resolve().parents[1]
 N_TIME, RES = 10, 16

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, tiny_train_overrides
-from walrus.training.checkpoint import load_checkpoint_file, load_model, model_state_dict
+from walrus.checkpoint import load_checkpoint_file, load_model, model_state_dict
 from walrus.training.train import train
 
 
@@ -167,7 +167,7 @@ def test_wandb_offline_run_leaves_local_directory(
 
 
 def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(compose_cfg, tiny_data_root, tmp_path):
-    from walrus.training.module import NonFiniteLossError
+    from walrus.errors import NonFiniteLossError
 
     poison = "+callbacks.poison._target_=tests.test_train.PoisonWeightsInSecondEpoch"
     with pytest.raises(
@@ -310,7 +310,7 @@ def test_zscore_data_option_trains_with_stats_yaml(compose_cfg, tiny_data_root, 
 
 
 def test_model_config_from_a_file_is_data_not_instantiated():
-    from walrus.training.checkpoint import build_model
+    from walrus.checkpoint import build_model
 
     base = {"_target_": "walrus.model.walrus.Walrus", "n_fields": 4, "dim": 16, "depth": 1,
             "heads": 2, "projection_dim": 8, "intermediate_dim": 16, "groups": 4}  # fmt: skip

@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from walrus.errors import NonFiniteLossError
+
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError)
 # Deprecation chatter from third-party internals that a user can do nothing about.
 QUIET_WARNINGS = (r".*isinstance\(treespec, LeafSpec\).*", r".*litlogger.*")
@@ -18,8 +20,6 @@ def run_cli(fn: Callable[[], Any]) -> Any:
 
     Set ``WALRUS_TRACEBACK=1`` to see the full traceback instead.
     """
-    from walrus.training.module import NonFiniteLossError
-
     for pattern in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     try:

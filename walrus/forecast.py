@@ -31,26 +31,11 @@ from torch import Tensor, nn
 
 from walrus.data.batch import Batch
 from walrus.data.normalization import RMSNormalizer, ZScoreNormalizer
+from walrus.errors import RolloutDivergedError
 
 Normalizer = RMSNormalizer | ZScoreNormalizer
 # Ensemble member m rolls out with jitter seeds jitter_seed + m * MEMBER_SEED_STRIDE + step - 1.
 MEMBER_SEED_STRIDE = 1_000_003
-
-
-class RolloutDivergedError(ValueError):
-    """A rollout prediction held NaN or Inf.
-
-    Attributes:
-        step: 1-based rollout step whose prediction was not finite.
-        fields: names of the fields with non-finite values.
-    """
-
-    def __init__(self, step: int, fields: Sequence[str]) -> None:
-        self.step = step
-        self.fields = list(fields)
-        super().__init__(
-            f"rollout diverged at step {step}: non-finite values (NaN/Inf) in fields {self.fields}"
-        )
 
 
 def predict_next(

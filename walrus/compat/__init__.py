@@ -3,7 +3,7 @@
 Both official layouts convert: the legacy one (``space_bag``) and the current one of the
 released ``walrus.pt``. ``load_official(path_or_state_dict, ...) -> (model, vocab)`` converts
 in memory; ``python -m walrus.compat convert OFFICIAL.pt OUT.ckpt`` writes a walrus checkpoint
-that ``walrus.training.checkpoint.load_model``, ``infer.py`` and ``train.py init_from=`` read.
+that ``walrus.checkpoint.load_model``, ``infer.py`` and ``train.py init_from=`` read.
 """
 
 from walrus.compat.official import (

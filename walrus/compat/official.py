@@ -41,6 +41,7 @@ import torch
 import yaml
 from torch import Tensor
 
+from walrus.checkpoint import CHECKPOINT_FORMAT, MODEL_PREFIX, atomic_torch_save
 from walrus.compat.released import (
     FLAG_FIELDS,
     RELEASED_FIELDS,
@@ -51,7 +52,6 @@ from walrus.compat.released import (
 from walrus.data.normalization import MeanStdNormalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.model.walrus import Walrus
-from walrus.training.checkpoint import CHECKPOINT_FORMAT, MODEL_PREFIX, atomic_torch_save
 
 log = logging.getLogger(__name__)
 
@@ -820,7 +820,7 @@ def load_official(
         trust_pickle: allow unpickling arbitrary objects from the file (warns).
 
     Returns:
-        ``(model, vocab)``, like :func:`walrus.training.checkpoint.load_model`.
+        ``(model, vocab)``, like :func:`walrus.checkpoint.load_model`.
 
     Raises:
         FileNotFoundError, ValueError: bad input.

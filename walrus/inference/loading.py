@@ -18,11 +18,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from walrus.checkpoint import load_model_and_meta
 from walrus.data.datamodule import channel_names, parse_dataset_specs
 from walrus.data.normalization import build_normalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well import WellDataset, WellFile, list_split_files
-from walrus.training.checkpoint import load_model_and_meta
 
 SPLITS = ("train", "valid", "test")
 # data config keys inference reads; the rest of a training data config is ignored

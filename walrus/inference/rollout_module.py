@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from walrus.data.batch import Batch, collate
 from walrus.data.normalization import RMSNormalizer
-from walrus.forecast import Normalizer, RolloutDivergedError, ensemble_rollout, rollout
+from walrus.errors import RolloutDivergedError
+from walrus.forecast import Normalizer, ensemble_rollout, rollout
 from walrus.metrics import RolloutMetrics
 
 

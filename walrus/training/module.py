@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from walrus import metrics
 from walrus.data.batch import Batch
 from walrus.data.normalization import RMSNormalizer
+from walrus.errors import NonFiniteLossError
 from walrus.forecast import rollout
 from walrus.training.losses import LOSSES, normalized_loss
 from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_groups
@@ -20,10 +21,6 @@ from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_grou
 ROLLOUT_MODES = ("one_step", "pushforward", "unrolled")
 NOISE_UNITS = ("input_rms", "delta_rms")
 LOSS_WEIGHTINGS = ("none", "delta_rms")
-
-
-class NonFiniteLossError(RuntimeError):
-    """Raised when the training loss is NaN or Inf; the message names the step and batch."""
 
 
 class WalrusModule(pl.LightningModule):
@@ -338,7 +335,7 @@ class WalrusModule(pl.LightningModule):
         }
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from walrus.training.checkpoint import CHECKPOINT_FORMAT
+        from walrus.checkpoint import CHECKPOINT_FORMAT
 
         checkpoint["walrus"] = {
             "format": CHECKPOINT_FORMAT,

@@ -12,10 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from walrus.atomic import write_text_atomic
-from walrus.data.normalization import ZScoreNormalizer, build_normalizer
-from walrus.data.vocab import FieldVocabulary
-from walrus.training.callbacks import RNGStateCallback
-from walrus.training.checkpoint import (
+from walrus.checkpoint import (
     AtomicCheckpointIO,
     build_model,
     load_checkpoint_file,
@@ -23,6 +20,9 @@ from walrus.training.checkpoint import (
     model_state_dict,
     walrus_meta,
 )
+from walrus.data.normalization import ZScoreNormalizer, build_normalizer
+from walrus.data.vocab import FieldVocabulary
+from walrus.training.callbacks import RNGStateCallback
 
 FREEZE_OPTIONS = (None, "processor")
 
