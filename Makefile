@@ -49,9 +49,9 @@ demo: install
 		$(PY) -m walrus.data.synthetic navier_stokes_2d --out $(DEMO_DATA) $(DEMO_DATA_ARGS)
 	rm -rf $(DEMO_DIR)
 	$(PY) train.py experiment=quickstart paths.data_dir=$(DEMO_DATA) \
-		paths.output_dir=$(DEMO_DIR) $(DEMO_ARGS)
+		hydra.run.dir=$(DEMO_DIR) $(DEMO_ARGS)
 	$(PY) infer.py rollout ckpt_path=$(DEMO_DIR)/checkpoints/last.ckpt split=test \
-		out=$(DEMO_DIR)/rollout $(DEMO_INFER_ARGS)
+		out=$(DEMO_DIR)/rollout overwrite=true $(DEMO_INFER_ARGS)
 	@echo "demo done: plots and metrics in $(DEMO_DIR)/rollout" \
 		"(metrics.json, vrmse.png, snapshots.png, rollout.gif or .mp4, predictions.hdf5)"
 

@@ -5,7 +5,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from walrus.cli import run_cli
+from walrus.cli import run_cli, run_hydra_main
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="infer")
@@ -19,4 +19,4 @@ if __name__ == "__main__":
     from walrus.inference import command_override
 
     sys.argv = run_cli(lambda: command_override(sys.argv))
-    main()
+    run_hydra_main(main)

@@ -3,7 +3,7 @@
 import hydra
 from omegaconf import DictConfig
 
-from walrus.cli import run_cli
+from walrus.cli import run_cli, run_hydra_main
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -14,4 +14,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_main(main)

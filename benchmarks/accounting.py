@@ -10,6 +10,8 @@ at batch 8 costs seconds and no memory. Definitions (the same as the issue's ref
   ``host_calls``: they are not device work.
 - **materialised bytes**: bytes of the tensors returned by non-view ops that do not alias an
   input (fresh storage). In-place and ``out=`` writes are counted apart as ``inplace_bytes``.
+  Uninitialised allocations (``empty``, ``new_empty``, ...) launch no kernel and write nothing:
+  they are calls without bytes.
 - **host syncs**: ops that make the host wait for the device: ``.item()``
   (``_local_scalar_dense``), ops with data-dependent output shapes (``nonzero``,
   ``masked_select``, ...), and copies from an accelerator to the CPU. Under fake tensors a
@@ -38,6 +40,13 @@ _COPIES = {torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default}
 _ALIASING = {torch.ops.aten._unsafe_view.default}  # views without alias annotations
 _MASK_INDEX = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default}
 _INPLACE_GEMMS = {torch.ops.aten.addmm_.default, torch.ops.aten.baddbmm_.default}
+_ALLOCATIONS = {
+    torch.ops.aten.empty.memory_format,
+    torch.ops.aten.empty_strided.default,
+    torch.ops.aten.new_empty.default,
+    torch.ops.aten.new_empty_strided.default,
+    torch.ops.aten.empty_like.default,
+}
 
 
 def register_cpu_sdpa_flops() -> None:
@@ -97,10 +106,16 @@ class Report:
     ops: dict[str, OpStat] = field(default_factory=dict)
 
     def top(self, n: int = 15) -> list[dict[str, Any]]:
-        """The ``n`` ops that materialise the most bytes, as table rows."""
-        rows = sorted(self.ops.items(), key=lambda kv: -kv[1].bytes)[:n]
+        """The ``n`` ops that write the most bytes (fresh and in place), as table rows."""
+        rows = sorted(self.ops.items(), key=lambda kv: -(kv[1].bytes + kv[1].inplace_bytes))[:n]
         return [
-            {"op": k, "calls": v.calls, "GB": v.bytes / 1e9, "inplace_GB": v.inplace_bytes / 1e9}
+            {
+                "op": k,
+                "calls": v.calls,
+                "GB": v.bytes / 1e9,
+                "inplace_GB": v.inplace_bytes / 1e9,
+                "written_GB": (v.bytes + v.inplace_bytes) / 1e9,
+            }
             for k, v in rows
         ]
 
@@ -162,7 +177,7 @@ class OpAccountant(TorchDispatchMode):
         stat = self.report.ops.setdefault(name, OpStat())
         stat.calls += 1
         self.report.calls += 1
-        if func.is_view or func in _ALIASING:
+        if func.is_view or func in _ALIASING or func in _ALLOCATIONS:
             return out
         aliased = [r.alias_info is not None for r in func._schema.returns]
         for i, t in enumerate(outs):
@@ -213,23 +228,3 @@ def account(fn: Callable[[], Any], fake: bool = True) -> Report:
     acc.report.flops_stock = flops.get_total_flops()
     acc.report.flops = acc.report.flops_stock + acc.inplace_gemm_flops
     return acc.report
-
-
-def analytic_processor_flops(dim: int, depth: int, mlp_dim: int, t: int, s: int) -> float:
-    """Forward FLOPs of the processor for one sample, attention included.
-
-    Per token and block: temporal q/k/v + output projections ``8 C^2``; spatial fused
-    ``[ff, q, k, v]`` linear ``2 C (M + 3C)``, attention output ``2 C^2``, SwiGLU output
-    ``2 (M/2) C``; attention ``4 L C`` per token for sequence length L (scores and values).
-
-    Args:
-        dim: channels C.
-        depth: blocks.
-        mlp_dim: feed-forward width M before the SwiGLU gate.
-        t: frames T.
-        s: latent tokens S per frame.
-    """
-    c = dim
-    per_token = 8 * c * c + 2 * c * (mlp_dim + 3 * c) + 2 * c * c + mlp_dim * c
-    per_token += 4 * t * c + 4 * s * c
-    return float(per_token * t * s * depth)

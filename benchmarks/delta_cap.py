@@ -28,9 +28,9 @@ from benchmarks.common import print_table, save_json
 from walrus import metrics
 from walrus.data.batch import collate
 from walrus.data.normalization import NormStats
-from walrus.data.well import WellDataset
-from walrus.forecast import rollout
+from walrus.data.well_dataset import WellDataset
 from walrus.inference.loading import load_inference_checkpoint
+from walrus.rollout import rollout
 
 MODES = ("window", "capped", "fixed", "capped+jitter")
 

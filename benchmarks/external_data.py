@@ -36,6 +36,7 @@ import h5py
 import numpy as np
 
 from walrus.atomic import atomic_path
+from walrus.data.well_file import SPLITS
 
 NAME = "gray_scott_pypde"
 DIFFUSION = {"Du": 0.16, "Dv": 0.08}
@@ -49,7 +50,6 @@ INTERVAL = 20.0
 DEAD_STD = 1e-3
 MAX_DRAWS = 5
 DT = 1.0
-SPLITS = ("train", "valid", "test")
 
 
 def initial_state(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -1,15 +1,18 @@
-"""GPU forward benchmark: ms per sample and MFU against a GEMM rate measured in the same run.
+"""GPU benchmark: forward and train step, ms per sample and MFU against a measured GEMM rate.
 
-``walrus_1b`` on 2D 128x128 input, 6 frames, bf16 autocast, batch 1, 2, 4, 8; eager and
-compiled (``torch.compile`` per processor block); the ``sdpa`` and ``chunked`` temporal kernels;
-peak memory. MFU is achieved FLOP/s (``FlopCounterMode`` FLOPs of one forward, CPU SDPA kernel
-registered) over the measured bf16 GEMM rate. ``--tiny`` runs the ``tiny`` preset on a 32x32
-grid, on whatever device there is (the CPU here), to show the script works. Configurations
-still to run when ``--budget-s`` is spent are recorded as skipped.
+``walrus_1b`` (official width; ``--depth`` fewer blocks if memory requires) on 2D 128x128 input,
+6 frames, bf16 autocast, batch 1, 2, 4, 8; eager and compiled (``torch.compile`` of the whole
+model, :mod:`walrus.model.compile`); the ``sdpa`` temporal kernel (``--kernels sdpa chunked``
+adds the other); peak memory. Each row is an inference forward or a train step (forward,
+backward with gradient checkpointing, AdamW step). MFU is
+:func:`walrus.model.flops.estimate_mfu` of the ``FlopCounterMode`` FLOPs (CPU SDPA kernel
+registered) against the bf16 GEMM rate measured in the same run. ``--tiny`` runs the ``tiny``
+preset on a 32x32 grid, on whatever device there is (the CPU here), to show the script works.
+Configurations still to run when ``--budget-s`` is spent are recorded as skipped.
 
 Run from the repository root (``benchmarks/gpu.sh`` wraps it)::
 
-    python -m benchmarks.gpu                 # the full GPU run
+    python -m benchmarks.gpu --out DIR       # the full GPU run, JSON in DIR
     python -m benchmarks.gpu --tiny          # CPU smoke run
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import time
 from typing import Any
 
@@ -27,6 +31,8 @@ from benchmarks.accounting import register_cpu_sdpa_flops
 from benchmarks.common import gemm_gflops, print_table, save_json, timeit
 from benchmarks.scale import load_preset
 from walrus.bcs import BoundaryType
+from walrus.model.compile import compile_model
+from walrus.model.flops import estimate_mfu
 from walrus.model.walrus import Walrus
 
 P = int(BoundaryType.PERIODIC)
@@ -49,15 +55,35 @@ def forward_once(model: Walrus, x: torch.Tensor, fields, bcs, dtype: torch.dtype
         model(x, fields, bcs)
 
 
-def build(preset: str, kernel: str, device: torch.device, compiled: bool) -> Walrus:
-    """The preset in eval mode on ``device`` with the given temporal kernel."""
-    cfg = {**load_preset(preset), "temporal_kernel": kernel, "grad_checkpointing": False}
+def train_once(
+    model: Walrus,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    fields,  # noqa: ANN001
+    bcs,  # noqa: ANN001
+    dtype: torch.dtype,
+) -> None:
+    """One bf16-autocast train step: forward, backward (checkpointed blocks), AdamW step."""
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=dtype):
+        y = model(x, fields, bcs)
+    y.float().square().mean().backward()
+    opt.step()
+
+
+def build(
+    preset: str, kernel: str, device: torch.device, compiled: bool, train: bool, depth: int | None
+) -> Walrus:
+    """The preset on ``device`` with the given temporal kernel, in train (no jitter, so one
+    graph serves every step; checkpointed blocks) or eval mode, compiled whole or eager."""
+    cfg = {**load_preset(preset), "temporal_kernel": kernel, "grad_checkpointing": train}
+    cfg["jitter"] = False
+    if depth is not None:
+        cfg["depth"] = depth
     torch.manual_seed(0)
     with device:
-        model = Walrus(**cfg).eval()
-    if compiled:
-        for blk in model.blocks:  # one graph serves every block
-            blk.compile(dynamic=False)
+        model = Walrus(**cfg).train(train)
+    compile_model(model, "model" if compiled else False)
     return model
 
 
@@ -68,48 +94,55 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     gemm = gemm_gflops(dtype, args.gemm_n, device)
     print(f"device {device}: measured bf16 GEMM rate {gemm / 1e3:.1f} TFLOP/s")
     register_cpu_sdpa_flops()
+    torch._dynamo.config.automatic_dynamic_shapes = False  # one static graph per batch size
     start, rows = time.perf_counter(), []
-    for kernel in args.kernels:
-        for compiled in args.modes:
-            model = None
-            for b in args.batches:
-                row = {"kernel": kernel, "mode": "compiled" if compiled else "eager", "B": b}
-                if time.perf_counter() - start > args.budget_s:
-                    rows.append({**row, "skipped": "budget"})
-                    continue
-                model = model or build(args.preset, kernel, device, compiled)
-                x = torch.randn(b, args.frames, args.channels, *args.grid, device=device)
-                fields = torch.arange(args.channels)
-                bcs = [[P, P]] * len(args.grid)
-                fwd = functools.partial(forward_once, model, x, fields, bcs, dtype)
-                fwd()  # compile / warm caches before counting and timing
-                with FlopCounterMode(display=False) as counter:
-                    fwd()
-                flops = counter.get_total_flops()
-                peak_memory_reset(device)
-                ms = timeit(fwd, args.warmup, args.iters, device)
-                rate = flops / ms / 1e6
-                rows.append(
-                    {
-                        **row,
-                        "ms": ms,
-                        "ms/sample": ms / b,
-                        "TFLOP/sample": flops / b / 1e12,
-                        "TFLOP/s": rate / 1e3,
-                        "MFU_vs_gemm": rate / gemm,
-                        "peak_GB": peak_memory_gb(device),
-                    }
-                )
-                print_table(rows[-1:])
-            del model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+    for kernel, task, compiled in itertools.product(args.kernels, args.tasks, args.modes):
+        model = opt = None
+        for b in args.batches:
+            mode = "compiled" if compiled else "eager"
+            row = {"task": task, "kernel": kernel, "mode": mode, "B": b}
+            if time.perf_counter() - start > args.budget_s:
+                rows.append({**row, "skipped": "budget"})
+                continue
+            train = task == "train"
+            if model is None:
+                model = build(args.preset, kernel, device, compiled, train, args.depth)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-5) if train else None
+            x = torch.randn(b, args.frames, args.channels, *args.grid, device=device)
+            fields = torch.arange(args.channels)
+            bcs = [[P, P]] * len(args.grid)
+            if train:
+                fn = functools.partial(train_once, model, opt, x, fields, bcs, dtype)
+            else:
+                fn = functools.partial(forward_once, model, x, fields, bcs, dtype)
+            fn()  # compile / warm caches before counting and timing
+            with FlopCounterMode(display=False) as counter:
+                fn()
+            flops = counter.get_total_flops()
+            peak_memory_reset(device)
+            ms = timeit(fn, args.warmup, args.iters, device)
+            rows.append(
+                {
+                    **row,
+                    "ms": ms,
+                    "ms/sample": ms / b,
+                    "TFLOP/sample": flops / b / 1e12,
+                    "TFLOP/s": flops / ms / 1e9,
+                    "MFU_vs_gemm": estimate_mfu(flops, ms / 1e3, gemm * 1e9),
+                    "peak_GB": peak_memory_gb(device),
+                }
+            )
+            print_table(rows[-1:])
+        del model, opt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     return {
         "device": name,
         "preset": args.preset,
         "grid": args.grid,
         "frames": args.frames,
+        "depth": args.depth,
         "gemm_tflops_bf16": gemm / 1e3,
         "elapsed_s": time.perf_counter() - start,
         "rows": rows,
@@ -122,9 +155,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tiny", action="store_true", help="tiny preset, 32x32, CPU smoke run")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
     parser.add_argument("--budget-s", type=float, default=420.0)
-    parser.add_argument("--kernels", nargs="+", default=["sdpa", "chunked"])
+    parser.add_argument("--kernels", nargs="+", default=["sdpa"], choices=["sdpa", "chunked"])
+    parser.add_argument("--tasks", nargs="+", default=["forward", "train"])
+    parser.add_argument("--depth", type=int, default=None, help="fewer blocks (memory)")
+    parser.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     parser.add_argument("--eager-only", action="store_true")
     args = parser.parse_args(argv)
+    bad = sorted(set(args.tasks) - {"forward", "train"})
+    if bad:
+        parser.error(f"--tasks takes forward and/or train, got {bad}")
     args.modes = [False] if args.eager_only else [False, True]
     args.preset, args.frames, args.channels = ("tiny" if args.tiny else "walrus_1b"), 6, 4
     args.grid = [32, 32] if args.tiny else [128, 128]
@@ -133,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.gemm_n = 512 if args.tiny else 8192
     payload = run(args)
     print_table(payload["rows"])
-    path = save_json("gpu_tiny" if args.tiny else "gpu", payload)
+    path = save_json("gpu_tiny" if args.tiny else "gpu", payload, args.out)
     print(f"wrote {path}")
     return payload
 

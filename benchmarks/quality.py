@@ -69,11 +69,13 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from benchmarks.common import print_table, save_json
-from walrus import forecast, metrics
+from walrus import metrics
 from walrus.data.batch import Batch, collate
 from walrus.data.normalization import RMSNormalizer
 from walrus.data.vocab import FieldVocabulary
-from walrus.data.well import WellDataset
+from walrus.data.well_dataset import WellDataset
+from walrus.data.well_file import SPLITS
+from walrus.rollout import ensemble_rollout, rollout
 from walrus.training.optim import WarmupCosine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +132,7 @@ class DatasetRef:
 def external_dataset(path: str | os.PathLike) -> DatasetRef:
     """Check that ``path`` is a Well dataset directory with train, valid and test splits."""
     path = Path(path)
-    missing = [s for s in ("train", "valid", "test") if not (path / "data" / s).is_dir()]
+    missing = [s for s in SPLITS if not (path / "data" / s).is_dir()]
     if missing:
         raise BenchmarkError(
             f"--dataset {path}: not a Well dataset directory (no data/{'/'.join(missing)} in it)"
@@ -169,7 +171,7 @@ def builtin_dataset(
 
 @dataclass
 class Forecaster:
-    """A trained model behind ``walrus.forecast``'s model interface, ready to roll out.
+    """A trained model behind ``walrus.rollout``'s model interface, ready to roll out.
 
     Attributes:
         model: ``model(x (B, T, C, *S), fields, bcs, *, jitter_seed=None) -> (B, T', C, *S)``.
@@ -192,7 +194,7 @@ class Forecaster:
             normalizer=self.normalizer, predict_delta=self.predict_delta, check_finite=False
         )
         if self.ensemble > 1:
-            for mean, _ in forecast.ensemble_rollout(
+            for mean, _ in ensemble_rollout(
                 self.model,
                 batch,
                 steps,
@@ -202,9 +204,7 @@ class Forecaster:
             ):
                 yield mean
         else:
-            yield from forecast.rollout(
-                self.model, batch, steps, jitter_seed=self.jitter_seed, **kwargs
-            )
+            yield from rollout(self.model, batch, steps, jitter_seed=self.jitter_seed, **kwargs)
 
 
 @dataclass

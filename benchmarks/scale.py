@@ -2,7 +2,8 @@
 
 Builds a model preset (default ``walrus_1b``) and counts, for one forward under bf16 autocast on
 the CPU at batch sizes 1, 2, 4 and 8: FLOPs per sample (``FlopCounterMode`` with the CPU SDPA
-kernel registered, and the analytic processor count), bytes materialised per ATen op (views
+kernel registered, and the analytic processor count of
+:func:`walrus.model.flops.processor_flops`), bytes materialised per ATen op (views
 excluded) and in total, ATen calls returning tensors, and host syncs. See
 :mod:`benchmarks.accounting` for the definitions. Fused and plain blocks are both counted.
 
@@ -10,6 +11,14 @@ Run from the repository root::
 
     python -m benchmarks.scale                 # walrus_1b, 2D 128x128, T=6, B=1,2,4,8
     python -m benchmarks.scale --quick         # B=4 only
+    python -m benchmarks.scale --train-step    # a full training step instead (see below)
+
+``--train-step`` counts one training step per batch size instead of the forward, as ``trainer=gpu`` runs it: the
+LightningModule's ``training_step`` (normalisation, forward under bf16 autocast with activation
+checkpointing, loss, the deferred non-finite check), backward, the gradient norm it logs,
+gradient clipping and an AdamW step. The optimizer's step counters are host tensors, as
+they are on a GPU (non-capturable AdamW), so reading them is no sync. The bar is 0 syncs.
+It writes ``benchmarks/results/scale_train_step.json``.
 """
 
 from __future__ import annotations
@@ -23,10 +32,14 @@ import torch
 import yaml
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from benchmarks.accounting import Report, account, analytic_processor_flops
+from benchmarks.accounting import Report, account
 from benchmarks.common import print_table, save_json
 from walrus.bcs import BoundaryType
+from walrus.data.batch import Batch
+from walrus.model.flops import processor_flops
+from walrus.model.jitter import JitterDraws
 from walrus.model.walrus import Walrus
+from walrus.training.module import WalrusModule
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 REFERENCE = {"tflop_per_sample": 13.32, "gb": 208.1, "calls": 4312, "syncs": 5}
@@ -65,12 +78,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--channels", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="B=4 only")
     parser.add_argument("--grad", action="store_true", help="count with autograd recording")
+    parser.add_argument("--train-step", action="store_true", help="count a training step")
     parser.add_argument("--results-dir", default=None, help="default: benchmarks/results")
     args = parser.parse_args(argv)
     if not 1 <= len(args.grid) <= 3 or min(args.grid) < 1:
         raise ValueError(f"--grid must give 1-3 positive sizes, got {args.grid}")
     batches = [4] if args.quick else args.batches
     cfg = load_preset(args.preset)
+    if args.train_step:
+        return _main_train_step(cfg, batches, args)
 
     rows, runs, top = [], [], {}
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -81,9 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with mode:
                 r = _count(model, b, args)
             latent = _latent_tokens(model, args.grid)
-            analytic = analytic_processor_flops(
-                model.dim, model.depth, model.mlp_dim, args.frames, latent
-            )
+            analytic = processor_flops(model.dim, model.depth, model.mlp_dim, args.frames, latent)
             row = {
                 "fused": fused,
                 "B": b,
@@ -93,13 +107,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "analytic_proc_T": analytic / 1e12,
                 "GB": r.materialised_bytes / 1e9,
                 "inplace_GB": r.inplace_bytes / 1e9,
+                "written_GB": (r.materialised_bytes + r.inplace_bytes) / 1e9,
                 "calls": r.calls,
                 "host_calls": r.host_calls,
                 "syncs": len(r.syncs),
             }
             rows.append(row)
             runs.append({**row, "syncs": r.syncs, "ops": r.to_dict()["ops"]})
-            if b == batches[-1] or b == 4:
+            if b == (4 if 4 in batches else batches[-1]):  # the table at B=4
                 top[f"fused={fused}"] = r.top(12)
     breakdown = {}
     for fused in (True, False):
@@ -109,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("method, in-place GEMMs count zero); 'complete' adds the in-place GEMMs (addmm_).")
     print_table(rows)
     for name, t in top.items():
-        print(f"\nlargest writers, {name}:")
+        print(f"\nlargest writers (GB written), {name}, B={4 if 4 in batches else batches[-1]}:")
         print_table(t)
     for name, bd in breakdown.items():
         print(f"\nATen calls per op, {name}: {bd['per_block_total']} per block x {cfg['depth']}")
@@ -133,6 +148,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return {"rows": rows}
 
 
+def _main_train_step(cfg: dict[str, Any], batches: list[int], args: argparse.Namespace) -> dict:
+    rows = [train_step_row(cfg, b, args) for b in batches]
+    print(f"{args.preset}: {tuple(args.grid)} grid, T={args.frames}, one training step")
+    print("(training_step under bf16 autocast, checkpointed blocks, backward, grad norm, clip,")
+    print("AdamW; FLOPs complete as for the forward)")
+    print_table([{k: v for k, v in r.items() if k != "sync_list"} for r in rows])
+    path = save_json(
+        "scale_train_step",
+        {"preset": args.preset, "grid": args.grid, "frames": args.frames, "runs": rows},
+        args.results_dir,
+    )
+    print(f"\nwrote {path}")
+    return {"train_step": rows}
+
+
 def _count(model: Walrus, b: int, args: argparse.Namespace) -> Report:
     x = torch.empty(b, args.frames, args.channels, *args.grid)
     bcs = [[int(BoundaryType.PERIODIC)] * 2] * len(args.grid)
@@ -145,6 +175,76 @@ def _count(model: Walrus, b: int, args: argparse.Namespace) -> Report:
 
     account(run)  # warm the per-grid caches
     return account(run)
+
+
+class HostDraws(JitterDraws):
+    """Jitter draws from a CPU generator, drawn outside the fake mode: in a real run they are
+    host work (no device tensor), which a fake mode would otherwise turn into fake ``.item()``."""
+
+    def randint(self, low: int, high: int) -> int:
+        with torch.utils._python_dispatch._disable_current_modes():
+            return super().randint(low, high)
+
+
+def host_adamw(params: list[torch.Tensor], **kwargs: Any) -> torch.optim.AdamW:
+    """AdamW with its state made up front: moments like the parameters (fake under a fake
+    mode), step counters as real host tensors (where a non-capturable AdamW keeps them)."""
+    opt = torch.optim.AdamW(params, **kwargs)
+    for p in params:
+        with torch.utils._python_dispatch._disable_current_modes():
+            step = torch.tensor(0.0)
+        opt.state[p] = {
+            "step": step,
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.zeros_like(p),
+        }
+    return opt
+
+
+def training_step(
+    module: WalrusModule, optimizer: torch.optim.Optimizer, batch: Batch, clip: float = 1.0
+) -> None:
+    """One training step as Lightning runs it with ``gradient_clip_val`` and bf16-mixed."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = module.training_step(batch, 0)
+    loss.backward()
+    module.on_before_optimizer_step(optimizer)
+    torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def fake_batch(b: int, frames: int, channels: int, grid: list[int]) -> Batch:
+    """A batch of fake frames (call inside the fake mode) with host ``field_ids`` and ``bcs``."""
+    x = torch.empty(b, frames + 1, channels, *grid)
+    with torch.utils._python_dispatch._disable_current_modes():
+        fields = torch.arange(channels)
+        bcs = torch.full((len(grid), 2), int(BoundaryType.PERIODIC))
+    return Batch(x[:, :frames], x[:, frames:], fields, bcs, {"dataset": "fake"})
+
+
+def train_step_row(cfg: dict[str, Any], b: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Counts of one training step (after a warm-up step) at batch ``b``."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    n_sp = len(args.grid)
+    model = fake_model({**cfg, "include_d": [n_sp], "grad_checkpointing": True}, mode).train()
+    model._draws = HostDraws(torch.Generator().manual_seed(0))
+    module = WalrusModule(model, optimizer=None)
+    with mode:
+        opt = host_adamw(list(model.parameters()), lr=1e-4, weight_decay=0.05)
+        batch = fake_batch(b, args.frames, args.channels, args.grid)
+        account(lambda: training_step(module, opt, batch))  # warm the per-grid caches
+        r = account(lambda: training_step(module, opt, batch))
+    return {
+        "B": b,
+        "TFLOP/sample": r.flops / b / 1e12,
+        "GB": r.materialised_bytes / 1e9,
+        "inplace_GB": r.inplace_bytes / 1e9,
+        "calls": r.calls,
+        "host_calls": r.host_calls,
+        "syncs": len(r.syncs),
+        "sync_list": r.syncs,
+    }
 
 
 def call_breakdown(

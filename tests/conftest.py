@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
@@ -18,11 +19,13 @@ def compose_cfg():
 
     def _compose(name: str = "train", overrides: list[str] | None = None):
         GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None  # an earlier in-process Hydra run's config
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             return compose(config_name=name, overrides=overrides or [])
 
     yield _compose
     GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None
 
 
 TINY_GEN = {"n_traj": [2, 1, 1], "resolution": 32, "steps": 12, "seed": 0}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from walrus.nn.attention import KERNEL_NAMES, KERNEL_OPTIONS, attention
-from walrus.nn.attention import _make_plan as make_plan
+from walrus.nn.chunked_attention import make_plan
 
 FAST = [
     ("sdpa", {}),

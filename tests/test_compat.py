@@ -17,10 +17,11 @@ from walrus.bcs import BoundaryType
 from walrus.checkpoint import load_model
 from walrus.compat import convert_state_dict, load_official, read_official_file, unwrap_state_dict
 from walrus.data.batch import Batch
-from walrus.forecast import rollout
 from walrus.model.encoder import official_strides
 from walrus.model.jitter import PatchJitterer, plan_axis
+from walrus.model.profile import WALRUS_OFFICIAL
 from walrus.model.walrus import Walrus
+from walrus.rollout import rollout
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "walrus_reference_tiny.pt"
@@ -231,8 +232,9 @@ def test_official_strides_and_padding_plan() -> None:
     with pytest.raises(ValueError, match="stride table"):
         official_strides([100], 32)
     periodic = (BoundaryType.PERIODIC, BoundaryType.PERIODIC)
-    h = plan_axis(128, (2, 2), (8, 4), periodic, False, 0, compat="walrus_official")
-    w = plan_axis(256, (4, 2), (8, 4), periodic, False, 0, compat="walrus_official")
+    plan = WALRUS_OFFICIAL.plan_axis
+    h = plan(128, (2, 2), (8, 4), periodic, False, 0)
+    w = plan(256, (4, 2), (8, 4), periodic, False, 0)
     assert (h.lo, h.hi, w.lo, w.hi) == (1, 1, 2, 2)  # latent 30 x 31, as the official model
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from walrus.data.datamodule import MixedBatchSampler, WellDataModule
+from walrus.data.datamodule import WellDataModule
+from walrus.data.sampler import MixedBatchSampler
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.writer import write_well_file
 
@@ -136,8 +137,9 @@ def test_datamodule_bad_config(tmp_path):
     with pytest.raises(ValueError, match="needs 'name'"):
         WellDataModule(tmp_path, [{"weight": 1.0}])
     dm = WellDataModule(tmp_path, "not_a_system", generate_if_missing=True)
-    with pytest.raises(FileNotFoundError, match="not a built-in system"):
+    with pytest.raises(FileNotFoundError, match="built-in systems: navier_stokes_2d"):
         dm.prepare_data()
+    assert not (tmp_path / "not_a_system").exists()
 
 
 def test_generate_if_missing(tmp_path):
@@ -149,7 +151,42 @@ def test_generate_if_missing(tmp_path):
         generate_if_missing=True,
         generate_kwargs={"n_traj": (2, 1, 1), "resolution": 16, "steps": 6},
     )
+    with pytest.raises(FileNotFoundError, match="call prepare_data"):
+        dm.vocab  # noqa: B018 - reading the vocabulary never generates data
+    assert not (tmp_path / "navier_stokes_2d").exists()
+    dm.prepare_data()
     assert dm.vocab.names == ["vorticity", "velocity_x", "velocity_y"]
     dm.setup("fit")
     b = next(iter(dm.train_dataloader()))
     assert b.input_fields.shape == (2, 2, 3, 16, 16) and torch.isfinite(b.input_fields).all()
+
+
+def test_missing_dataset_is_an_error_unless_generation_was_asked_for(tmp_path):
+    """A mistyped data root or a dataset not on disk is an error naming the folder, never
+    silently generated data."""
+    (tmp_path / "data" / "gray_scott_2d" / "data").mkdir(parents=True)
+    dm = WellDataModule(tmp_path / "data", ["navier_stokes_2d"])
+    with pytest.raises(FileNotFoundError) as err:
+        dm.prepare_data()
+    msg = str(err.value)
+    assert str(tmp_path / "data" / "navier_stokes_2d" / "data") in msg
+    assert "['gray_scott_2d']" in msg and "generate_if_missing=true" in msg
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        WellDataModule(tmp_path / "dat", ["navier_stokes_2d"]).prepare_data()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert not (tmp_path / "data" / "navier_stokes_2d").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "generate"),
+    [
+        (["data=navier_stokes_2d"], False),
+        (["data=multi"], False),
+        (["experiment=walrus_1b"], False),
+        (["experiment=quickstart"], True),
+        (["experiment=multi"], True),
+    ],
+)
+def test_configs_generate_only_for_built_in_experiments(compose_cfg, overrides, generate):
+    cfg = compose_cfg("train", overrides)
+    assert cfg.data.generate_if_missing is generate

@@ -1,18 +1,22 @@
 """Normalisation inverts exactly; stats.yaml is computed by streaming and read back."""
 
+import typing
+
 import numpy as np
 import pytest
 import torch
 import yaml
 
 from walrus.data.normalization import (
+    NORMALIZERS,
     MeanStdNormalizer,
+    Normalizer,
     RMSNormalizer,
     ZScoreNormalizer,
     build_normalizer,
 )
 from walrus.data.stats import compute_stats, load_stats, main, write_stats
-from walrus.data.well import WellDataset
+from walrus.data.well_dataset import WellDataset
 from walrus.data.writer import write_well_file
 
 
@@ -156,3 +160,27 @@ def test_rms_delta_in_state_units_ignores_the_windows_own_changes():
     assert grow_window > 1.5 and grow_state < 1.2
     with pytest.raises(ValueError, match="delta must be one of"):
         RMSNormalizer(delta="global")
+
+
+def test_normalizer_alias_names_every_normaliser():
+    assert set(typing.get_args(Normalizer)) == set(NORMALIZERS.values())
+
+
+@pytest.mark.parametrize(
+    "normalizer",
+    [
+        RMSNormalizer(),
+        MeanStdNormalizer(),
+        ZScoreNormalizer({"mean": {"a": 1.0, "b": -2.0}, "std": {"a": 2.0, "b": 0.5}}),
+    ],
+    ids=["rms", "meanstd", "zscore"],
+)
+def test_next_frame_inverts_the_training_targets(normalizer):
+    g = torch.Generator().manual_seed(0)
+    window = torch.randn(2, 3, 2, 5, 4, generator=g, dtype=torch.float64) + 3.0  # (B, T, C, H, W)
+    nxt = torch.randn(2, 1, 2, 5, 4, generator=g, dtype=torch.float64)  # (B, 1, C, H, W)
+    stats = normalizer.fit(window, ["a", "b"])
+    last = window[:, -1:]
+    delta_target = stats.normalize_delta(nxt - last)
+    torch.testing.assert_close(stats.next_frame(last, delta_target, True), nxt)
+    torch.testing.assert_close(stats.next_frame(last, stats.normalize(nxt), False), nxt)

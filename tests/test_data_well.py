@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader
 from walrus.bcs import BoundaryType
 from walrus.data.batch import collate
 from walrus.data.vocab import FieldVocabulary
-from walrus.data.well import WellDataset, WellFile, read_trajectory
+from walrus.data.well_dataset import WellDataset, evenly_spaced
+from walrus.data.well_file import WellFile, read_trajectory
 from walrus.data.writer import write_well_file
 
 
@@ -251,6 +252,38 @@ def test_trajectory_for_rollout(tmp_path):
     b = ds.trajectory(1, stride=2)
     assert b.input_fields.shape == (1, 3, 3, 8, 6) and b.output_fields.shape == (1, 2, 3, 8, 6)
     assert np.array_equal(b.output_fields[0, :, 0].numpy(), f["p"][1, 6::2])
+
+
+def test_trajectory_from_mid_trajectory_reads_only_its_frames(tmp_path, monkeypatch):
+    _, f, _ = _write(tmp_path, n_traj=2, n_time=12, fname="a.hdf5", seed=0)
+    _write(tmp_path, n_traj=3, n_time=12, fname="b.hdf5", seed=1)
+    ds = WellDataset(tmp_path, "toy", "train", 2, 1)
+    assert ds.locate_trajectory(1) == (0, 1) and ds.locate_trajectory(4) == (1, 2)
+    assert ds.frames_available(3, stride=2) == 6 and ds.frames_available(3) == 12
+    reads = []
+    read = WellFile.read
+    monkeypatch.setattr(
+        WellFile,
+        "read",
+        lambda self, h, sel, traj, start, n, *a: (
+            reads.append((start, n)) or read(self, h, sel, traj, start, n, *a)
+        ),
+    )
+    b = ds.trajectory(1, stride=2, n_frames=4, start=1)
+    assert reads == [(2, 4)]  # time indices 2, 4, 6, 8 only
+    assert b.input_fields.shape == (1, 2, 3, 8, 6) and b.output_fields.shape == (1, 2, 3, 8, 6)
+    frames = torch.cat([b.input_fields, b.output_fields], dim=1)[0, :, 0].numpy()
+    assert np.array_equal(frames, f["p"][1, 2:9:2])
+    assert b.metadata["start"].item() == 2 and b.metadata["trajectory"].item() == 1
+    with pytest.raises(ValueError, match="from frame 5"):
+        ds.trajectory(1, stride=2, n_frames=2, start=5)  # only frame 5 is left at stride 2
+    with pytest.raises(IndexError, match="out of range"):
+        ds.locate_trajectory(5)
+
+
+def test_evenly_spaced():
+    assert evenly_spaced(5, None) == [0, 1, 2, 3, 4] and evenly_spaced(3, 7) == [0, 1, 2]
+    assert evenly_spaced(10, 4) == [0, 3, 6, 9] and evenly_spaced(100, 1) == [0]
 
 
 def test_dataloader_workers_open_own_handles(tmp_path):

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from walrus.checkpoint import atomic_torch_save, build_model
 from walrus.data.vocab import FieldVocabulary
-from walrus.data.well import read_trajectory
+from walrus.data.well_file import read_trajectory
 from walrus.data.writer import write_well_file
 from walrus.inference import command_override, run
 from walrus.metrics import METRICS
@@ -84,7 +84,6 @@ def write_checkpoint(path: Path, data_root: Path | None, seed: int = 0) -> Path:
     }
     if data_root is not None:
         meta["data_config"] = {
-            "_target_": "walrus.data.datamodule.WellDataModule",
             "root": str(data_root),
             "datasets": ["toy"],
             "n_steps_input": 3,
@@ -246,7 +245,7 @@ def test_evaluate_one_step_over_split(toy: dict[str, Path], tmp_path: Path, caps
 
 
 def test_data_override_and_unknown_field_message(toy: dict[str, Path], tmp_path: Path) -> None:
-    overrides = [*base_overrides(toy, tmp_path), f"data.root={toy['other']}",
+    overrides = [*base_overrides(toy, tmp_path), f"paths.data_dir={toy['other']}",
                  "data.datasets=[tracer_set]"]  # fmt: skip
     with pytest.raises(ValueError) as err:
         run(compose_infer(overrides))
@@ -258,10 +257,10 @@ def test_data_override_and_unknown_field_message(toy: dict[str, Path], tmp_path:
 
 def test_checkpoint_without_data_config_needs_data(toy: dict[str, Path], tmp_path: Path) -> None:
     overrides = [*base_overrides(toy, tmp_path), f"ckpt_path={toy['bare_ckpt']}"]
-    with pytest.raises(ValueError, match=r"pass data\.root=\.\.\. and data\.datasets=\[\.\.\.\]"):
+    with pytest.raises(ValueError, match=r"pass paths\.data_dir=DIR and data\.datasets=\[\.\.\.\]"):
         run(compose_infer(overrides))
     # given on the command line it works
-    result = run(compose_infer([*overrides, f"data.root={toy['data']}", "data.datasets=[toy]",
+    result = run(compose_infer([*overrides, f"paths.data_dir={toy['data']}", "data.datasets=[toy]",
                                 "steps=1", "plots=false", "save_predictions=false"]))  # fmt: skip
     assert result["metrics"]["n_steps_input"] == 4  # default without a stored data config
 
@@ -321,7 +320,7 @@ def test_cli_user_error_exits_nonzero(tmp_path: Path, capsys) -> None:
 def test_jitter_seeded_and_bf16(toy: dict[str, Path], tmp_path: Path) -> None:
     def vrmse_u(*extra: str) -> list[float]:
         result = run(compose_infer([*base_overrides(toy, tmp_path), "steps=2", "trajectories=0",
-                                    "plots=false", "save_predictions=false", *extra]))  # fmt: skip
+                                    "plots=false", "save_predictions=false", "overwrite=true", *extra]))  # fmt: skip
         return result["metrics"]["datasets"]["toy"]["metrics"]["model"]["vrmse"]["per_step"]["u"]
 
     plain = vrmse_u("jitter=false")
@@ -375,9 +374,12 @@ def test_ensemble_rollout_scores_the_mean_and_saves_the_spread(toy, tmp_path: Pa
     assert result["metrics"]["ensemble"] == 3
     spread = metrics[SPREAD]["vrmse"]["per_step"]["u"]
     assert len(spread) == 3 and all(v > 0 for v in spread)
-    frames, names, _ = read_trajectory(tmp_path / "predictions.hdf5", 0)
-    assert names == ["u", "velocity_x", "velocity_y", "u_spread", "velocity_x_spread",
-                     "velocity_y_spread"]  # fmt: skip
+    # each spread is stored in its field's group: velocity_spread is a vector like velocity
+    frames, names, _ = read_trajectory(
+        tmp_path / "predictions.hdf5", 0, fields=["u", "velocity", "u_spread", "velocity_spread"]
+    )
+    assert names == ["u", "velocity_x", "velocity_y", "u_spread", "velocity_spread_x",
+                     "velocity_spread_y"]  # fmt: skip
     assert frames.shape == (3, 6, RES, RES) and (frames[:, 3:] >= 0).all()
     assert frames[:, 3:].max() > 0
     # the stored mean is scored: its step-1 VRMSE is the one in metrics.json
@@ -394,3 +396,16 @@ def test_ensemble_rollout_scores_the_mean_and_saves_the_spread(toy, tmp_path: Pa
         run(compose_infer([*base_overrides(toy, tmp_path), "ensemble=2", "jitter=false"]))
     with pytest.raises(ValueError, match="option ensemble"):
         run(compose_infer([*base_overrides(toy, tmp_path), "ensemble=0"]))
+
+
+def test_each_command_runs_from_the_module_named_after_it():
+    import importlib
+
+    import walrus
+    from walrus.inference import COMMANDS
+    from walrus.rollout import rollout as generator
+
+    for command in COMMANDS:
+        module = importlib.import_module(f"walrus.inference.{command}")
+        assert callable(getattr(module, f"run_{command}"))
+    assert walrus.rollout is generator

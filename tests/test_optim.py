@@ -53,3 +53,36 @@ def test_fractional_warmup_and_bad_total():
     assert WarmupCosine(opt, total_steps=200, warmup_steps=0.05).warmup_steps == 10
     with pytest.raises(ValueError, match="total_steps"):
         WarmupCosine(opt, total_steps=0)
+
+
+def test_time_budget_drives_the_schedule_to_its_floor():
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    used = [0.0]
+    sched = WarmupCosine(
+        opt, total_steps=1000, warmup_steps=0.1, min_ratio=0.05, time_fraction=lambda: used[0]
+    )
+    used[0] = 0.05  # halfway through warmup by time, though only step 1 of 1000
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01 + 0.99 * 0.5)
+    used[0] = 0.55  # halfway through the cosine
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 + 0.95 * 0.5)
+    used[0] = 1.0
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    # the budget's callable is not saved with the scheduler (checkpoints load weights-only)
+    state = sched.state_dict()
+    assert "time_fraction" not in state
+    fresh = WarmupCosine(opt, total_steps=1000, time_fraction=lambda: 1.0)
+    fresh.load_state_dict(state)
+    assert fresh.time_fraction() == 1.0 and fresh.last_epoch == 3
+
+
+def test_time_only_run_needs_a_fractional_warmup():
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = WarmupCosine(opt, total_steps=None, warmup_steps=0.0, time_fraction=lambda: 0.5)
+    assert sched.factor(10**6) == pytest.approx(0.01 + 0.99 * 0.5)
+    with pytest.raises(ValueError, match="warmup_steps must be a fraction"):
+        WarmupCosine(opt, total_steps=None, warmup_steps=100, time_fraction=lambda: 0.0)
+    with pytest.raises(ValueError, match="max_time"):
+        WarmupCosine(opt, total_steps=None)

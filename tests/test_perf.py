@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
-from pathlib import Path
+import math
+import shutil
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.accounting import account
 from walrus.bcs import BoundaryType
+from walrus.model.compile import compile_mode, compile_model
+from walrus.model.fast_blocks import run_processor
+from walrus.model.flops import estimate_mfu, processor_flops
 from walrus.model.walrus import Walrus
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks/ scripts
-from benchmarks.accounting import account, analytic_processor_flops  # noqa: E402
 
 P, W = int(BoundaryType.PERIODIC), int(BoundaryType.WALL)
 BCS = [[P, P], [W, W]]
@@ -76,6 +78,26 @@ def test_fused_matches_plain_float64(train):
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-8, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_fused_with_drop_path_matches_plain_float64(ckpt):
+    """Training with drop path: modules with a rate > 0 take the reference forward, the rest
+    the fused one (same random draws), with or without gradient checkpointing."""
+    fused = tiny(drop_path=0.3, grad_checkpointing=ckpt).double().train()
+    plain = copy.deepcopy(fused)
+    plain.set_fused(False)
+    x = torch.randn(2, 3, 2, 32, 24, dtype=torch.float64)
+    fields = torch.tensor([4, 1])
+    outs = []
+    for model in (fused, plain):
+        torch.manual_seed(5)
+        y = model(x, fields, BCS, jitter_seed=1)
+        y.square().sum().backward()
+        outs.append(y)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-12)
+    for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-8, atol=1e-12, msg=name)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("kernel", ["sdpa", "chunked"])
 def test_inference_path_matches_plain_float64(causal, kernel):
@@ -93,7 +115,7 @@ def test_inference_path_matches_plain_float64(causal, kernel):
 
 
 class _GemmTracer(TorchDispatchMode):
-    """Records every GEMM: (op, output width, first operand 2-D and contiguous)."""
+    """Records every GEMM: (op, output width, first operand contiguous)."""
 
     def __init__(self):
         super().__init__()
@@ -104,21 +126,24 @@ class _GemmTracer(TorchDispatchMode):
         out = func(*args, **kwargs)
         name = str(func)
         if any(g in name for g in ("addmm", ".mm.", "bmm")):
-            a = args[1]
-            self.gemms.append((name, args[2].shape[-1], a.dim() == 2 and a.is_contiguous()))
+            a, w = args[:2] if "bmm" in name else args[1:3]
+            self.gemms.append((name, w.shape[-1], a.is_contiguous()))
         return out
 
 
 @torch.no_grad()
-def test_inference_fused_linear_is_one_gemm_on_contiguous_tokens():
+def test_inference_gemms_read_contiguous_operands():
+    """Per block: the spatial projections are GEMMs of one contiguous token matrix ([ff | v],
+    q, k), and RoPE is one batched GEMM per operand on the contiguous LayerNorm output."""
     model = tiny().eval()
-    width = model.mlp_dim + 3 * model.dim
+    m, c, e = model.mlp_dim, model.dim, model.blocks[0].space_mixing.head_dim
     with _GemmTracer() as tracer:
         model(torch.randn(2, 3, 2, 32, 32), torch.tensor([0, 1]), BCS)
-    fused = [g for g in tracer.gemms if g[1] == width]
-    assert [g[0] for g in fused] == ["aten.addmm.out"] * model.depth
-    assert all(g[2] for g in fused)
-    assert not [g for g in tracer.gemms if "bmm" in g[0] or ".mm." in g[0]]
+    assert all(g[2] for g in tracer.gemms if g[0] != "aten.addmm_.default")  # not SwiGLU's
+    assert [g[0] for g in tracer.gemms if g[1] == m + c] == ["aten.addmm.out"] * model.depth
+    assert [g[0] for g in tracer.gemms if "bmm" in g[0]] == ["aten.bmm.out"] * 2 * model.depth
+    assert all(g[1] == e for g in tracer.gemms if "bmm" in g[0])
+    assert not [g for g in tracer.gemms if ".mm." in g[0]]
 
 
 def test_inference_calls_per_block_stay_low():
@@ -164,7 +189,13 @@ def test_accounting_on_fake_tensors():
     fused, plain = _fake_report(model, True), _fake_report(model, False)
     assert fused.syncs == [] and plain.syncs == []
     assert fused.host_calls > 0  # the CPU field-id checks run for real, apart
-    assert fused.flops == plain.flops > 0
+    # the inference path rotates q and k with one (E, E) matrix per position: 2 * 2C * E per token
+    with torch.no_grad():
+        model(torch.randn(1, 3, 2, 32, 32), torch.tensor([0, 1]), BCS)
+    (grid, *_), *_ = model.rope._cache  # the latent grid of this input (walls pad it)
+    tokens = 2 * 3 * math.prod(grid)
+    rope = 2 * 2 * model.dim * model.blocks[0].space_mixing.head_dim * tokens * model.depth
+    assert fused.flops == plain.flops + rope > rope
     assert fused.materialised_bytes < plain.materialised_bytes
     assert fused.calls < plain.calls
 
@@ -176,6 +207,7 @@ def test_accounting_counts_flops_bytes_and_syncs():
         def fn():
             y = a @ b  # 2*8*16*4 FLOPs, 8*4*4 bytes
             y.view(32)  # a view: a call, no bytes
+            y.new_empty(64)  # an allocation: a call, nothing written
             y.add_(1.0)  # in place
             y.addmm_(a, b)  # an in-place GEMM: not counted by stock FlopCounterMode
             return float(y.sum())  # a host sync
@@ -184,13 +216,36 @@ def test_accounting_counts_flops_bytes_and_syncs():
     assert r.flops_stock == 2 * 8 * 16 * 4
     assert r.flops == 2 * (2 * 8 * 16 * 4)
     assert r.materialised_bytes == 8 * 4 * 4 + 4  # mm output + the sum scalar
+    assert r.calls == 6 and r.ops["aten.new_empty.default"].bytes == 0
     assert r.inplace_bytes == 2 * 8 * 4 * 4
     assert len(r.syncs) == 1 and "_local_scalar_dense" in r.syncs[0]
 
 
 def test_analytic_processor_flops_official_size():
-    flops = analytic_processor_flops(1408, 40, 5632, 6, 32 * 32)
+    flops = processor_flops(1408, 40, 5632, 6, 32 * 32)
     assert abs(flops / 1e12 - 15.07) < 0.01
+
+
+@pytest.mark.parametrize("frames, grid", [(3, (4, 6, 1)), (1, (8, 1, 1))])
+def test_analytic_processor_flops_match_flop_counter(frames, grid):
+    """Exact match with FlopCounterMode on the reference blocks with the math kernel: every
+    GEMM and attention matmul is counted, nothing else is."""
+    model = tiny(temporal_kernel="math", spatial_kernel="math")
+    b, s = 2, grid[0] * grid[1] * grid[2]
+    z = torch.randn(b, frames, s, model.dim)
+    rope = model.rope.tables(grid, z.device, z.dtype)
+    with FlopCounterMode(display=False) as counter:
+        run_processor(model.blocks, z, [rope] * model.depth, fused=False)
+    expected = b * processor_flops(model.dim, model.depth, model.mlp_dim, frames, s)
+    assert counter.get_total_flops() == expected
+
+
+def test_estimate_mfu():
+    assert estimate_mfu(3e12, 0.5, 12e12) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="seconds"):
+        estimate_mfu(1e9, 0.0, 1e12)
+    with pytest.raises(ValueError, match="tokens=0"):
+        processor_flops(32, 2, 64, 3, 0)
 
 
 def test_scale_script_runs_on_the_tiny_preset(tmp_path):
@@ -202,3 +257,56 @@ def test_scale_script_runs_on_the_tiny_preset(tmp_path):
     fused, plain = rows
     assert fused["fused"] and not plain["fused"] and fused["syncs"] == 0
     assert fused["GB"] < plain["GB"] and fused["calls"] < plain["calls"]
+
+
+_NO_CXX = not any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+needs_cxx = pytest.mark.skipif(_NO_CXX, reason="inductor on CPU needs a C++ compiler (none found)")
+
+
+def test_compile_modes():
+    assert [compile_mode(v) for v in (False, None, True, "blocks", "Model", "false")] == [
+        "false",
+        "false",
+        "blocks",
+        "blocks",
+        "model",
+        "false",
+    ]
+    with pytest.raises(ValueError, match="module.compile must be false, blocks or model"):
+        compile_mode("fast", "module.compile")
+    model = tiny()
+    keys = list(model.state_dict())
+    assert compile_model(model, "model") == "model"
+    assert model._compiled_call_impl is not None and list(model.state_dict()) == keys
+
+
+@needs_cxx
+def test_whole_model_compile_matches_eager_inference():
+    # inference took the in-place workspace path, which inductor mis-handled across graph breaks
+    model = tiny().eval()
+    x, fields = torch.randn(2, 3, 2, 32, 32), torch.tensor([0, 3])
+    with torch.no_grad():
+        ref = model(x, fields, BCS)
+        compile_model(model, "model")
+        y = model(x, fields, BCS)
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@needs_cxx
+def test_whole_model_compile_matches_eager_training():
+    eager = tiny().train()
+    compiled = copy.deepcopy(eager)
+    compile_model(compiled, "model")
+    x, fields = torch.randn(2, 3, 2, 32, 32), torch.tensor([0, 3])
+    for seed in range(2):  # a new jitter draw recompiles
+        outs = [m(x, fields, BCS, jitter_seed=seed) for m in (eager, compiled)]
+        for y in outs:
+            y.square().mean().backward()
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+        scale = max(p.grad.abs().max() for p in eager.parameters() if p.grad is not None)
+        for (name, p), q in zip(compiled.named_parameters(), eager.parameters()):
+            assert (p.grad is None) == (q.grad is None), name
+            if q.grad is not None:  # relative to the largest gradient (some are exactly ~0)
+                assert (p.grad - q.grad).abs().max() <= 1e-4 * scale, name
+            p.grad = q.grad = None

@@ -17,7 +17,8 @@ from benchmarks.external_data import write_well_hdf5
 from walrus import metrics
 from walrus.bcs import BoundaryType
 from walrus.data.stats import compute_stats
-from walrus.data.well import WellDataset, WellFile
+from walrus.data.well_dataset import WellDataset
+from walrus.data.well_file import WellFile
 
 ALL_WINDOWS = ["1", "2-10", "11-30", "31-60", "61+"]
 # Our side as a seconds-long run: tiny model, tiny batches, one validation batch.
@@ -281,3 +282,10 @@ def test_fixed_delta_unit_keeps_the_first_windows_unit():
     second = fixed.fit(b)
     torch.testing.assert_close(second.delta_scale, first.delta_scale)
     torch.testing.assert_close(second.scale, RMSNormalizer().fit(b).scale)  # state refitted
+
+
+def test_benchmarks_is_a_package_on_the_test_path():
+    import benchmarks
+
+    # a folder without __init__.py imports as a namespace package, whose __file__ is None
+    assert benchmarks.__file__ is not None and benchmarks.__file__.endswith("__init__.py")

@@ -10,7 +10,7 @@ from walrus.data.synthetic import gray_scott as gs
 from walrus.data.synthetic import navier_stokes as ns
 from walrus.data.synthetic import shallow_water as sw
 from walrus.data.synthetic.__main__ import main as cli
-from walrus.data.well import WellDataset
+from walrus.data.well_dataset import WellDataset
 
 
 def test_taylor_green_energy_decay():

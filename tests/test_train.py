@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,8 @@ import pytest
 import torch
 
 from tests.conftest import REPO, tiny_train_overrides
-from walrus.checkpoint import load_checkpoint_file, load_model, model_state_dict
+from walrus.checkpoint import atomic_torch_save, load_checkpoint_file, load_model, model_state_dict
+from walrus.training.budget import TimeBudget
 from walrus.training.train import train
 
 
@@ -227,7 +230,7 @@ def test_incompatible_weights_are_listed(compose_cfg, tiny_data_root, tmp_path):
     ckpt = load_checkpoint_file(src)
     ckpt["state_dict"].pop(next(iter(ckpt["state_dict"])))
     ckpt["state_dict"]["model.extra.weight"] = torch.zeros(2)
-    torch.save(ckpt, tmp_path / "edited.ckpt")
+    atomic_torch_save(ckpt, tmp_path / "edited.ckpt")  # an edited file gets fresh checksums
     with pytest.raises(
         ValueError, match=r"missing keys \(1\).*\n.*unexpected keys \(1\): extra.weight"
     ):
@@ -321,3 +324,143 @@ def test_model_config_from_a_file_is_data_not_instantiated():
         build_model({**base, "temporal_kernel": "${oc.env:HOME}"})  # never resolved
     with pytest.raises(ValueError, match="cannot build the model from its config"):
         build_model({**base, "no_such_option": 1})
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Tick(pl.Callback):
+    """Gives the time budget a fake clock: ``train_s`` per training step, ``val_s`` per
+    validation batch (the sanity check's included)."""
+
+    def __init__(self, train_s: float = 10.0, val_s: float = 0.0) -> None:
+        self.clock = FakeClock()
+        self.train_s, self.val_s = train_s, val_s
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        next(c for c in trainer.callbacks if isinstance(c, TimeBudget)).clock = self.clock
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self.clock.now += self.train_s
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.clock.now += self.val_s
+
+
+def _time_capped(compose_cfg, tiny_data_root, tmp_path, *extra):
+    metrics, objects = _train(
+        compose_cfg,
+        tiny_data_root,
+        tmp_path,
+        "trainer.max_time=00:00:01:40",  # 100 s of fake time
+        "trainer.max_epochs=100",  # 200 steps: the step budget is far away
+        "+callbacks.tick._target_=tests.test_train.Tick",
+        *extra,
+    )
+    trainer = objects["trainer"]
+    tick = next(c for c in trainer.callbacks if type(c).__name__ == "Tick")  # Hydra imported it
+    return metrics, trainer, tick
+
+
+def test_time_budget_ends_the_run_with_the_lr_at_its_floor(compose_cfg, tiny_data_root, tmp_path):
+    metrics, trainer, tick = _time_capped(compose_cfg, tiny_data_root, tmp_path)
+    # 10 s steps, validation free: the 9th step ends at 90 s and a 10th would end at 100 s
+    assert trainer.global_step == 9 and tick.clock.now == pytest.approx(90.0)
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert lr == pytest.approx(scheduler.base_lrs[0] * scheduler.min_ratio, rel=1e-6)
+    assert "val/vrmse" in metrics
+    # the budget's clock is saved with the run and carries over a resume
+    ckpt = load_checkpoint_file(tmp_path / "checkpoints" / "last.ckpt")
+    saved = [v for k, v in ckpt["callbacks"].items() if "TimeBudget" in k]
+    assert saved and saved[0]["elapsed"] == pytest.approx(90.0)
+
+
+def test_time_budget_keeps_room_for_the_final_validation(compose_cfg, tiny_data_root, tmp_path):
+    metrics, trainer, tick = _time_capped(
+        compose_cfg,
+        tiny_data_root,
+        tmp_path,
+        "+callbacks.tick.val_s=5.0",
+        "trainer.num_sanity_val_steps=1",  # measures 5 s per validation batch
+        "data.max_val_windows=4",
+        "trainer.limit_val_batches=2",  # a full validation: 10 s
+    )
+    # sanity 5 s; per epoch 2 steps (20 s) + validation (10 s). Training stops after the step
+    # where one more step and the final validation would pass 100 s.
+    assert trainer.global_step == 6
+    assert 90.0 <= tick.clock.now <= 100.0
+    assert "val/vrmse" in metrics  # the final validation ran, inside the budget
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert lr == pytest.approx(scheduler.base_lrs[0] * scheduler.min_ratio, rel=1e-6)
+
+
+def test_bad_time_budget_is_reported(compose_cfg, tiny_data_root, tmp_path):
+    with pytest.raises(ValueError, match=r"trainer.max_time must be DD:HH:MM:SS.*'5min'"):
+        _train(compose_cfg, tiny_data_root, tmp_path, "trainer.max_time=5min")
+
+
+def test_progress_lines_when_stdout_is_not_a_terminal(
+    compose_cfg, tiny_data_root, tmp_path, capsys
+):
+    _train(compose_cfg, tiny_data_root, tmp_path, "callbacks.progress_line.every_n_steps=1")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if re.match(r"step \d", ln)]
+    pattern = r"step (\d)/2  loss [-+.\de]+  [.\d]+ samples/s  ETA \d+:\d\d:\d\d"
+    assert [re.fullmatch(pattern, ln).group(1) for ln in lines] == ["1", "2"], lines
+
+
+def test_progress_line_is_silent_on_a_terminal(compose_cfg, tiny_data_root, tmp_path, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    from walrus.training.progress import ProgressLine
+
+    tty, pipe = ProgressLine(every_n_steps=1, stream=Terminal()), ProgressLine(stream=io.StringIO())
+    assert not tty.enabled() and pipe.enabled()
+    with pytest.raises(ValueError, match="every_n_steps or every_seconds"):
+        ProgressLine(every_n_steps=None, every_seconds=None)
+
+
+def test_cli_run_dir_from_hydra_progress_and_no_noise(tiny_data_root, tmp_path):
+    run = tmp_path / "moved"
+    overrides = [o for o in tiny_train_overrides(tiny_data_root, tmp_path) if "output_dir" not in o]
+    r = _cli(
+        *overrides,
+        f"hydra.run.dir={run}",
+        "trainer.max_steps=1",  # ends before any validation
+        "callbacks.progress_line.every_n_steps=1",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    for name in ("config.yaml", "metrics.json", "checkpoints/last.ckpt", "train.log", ".hydra"):
+        assert (run / name).exists(), name
+    out = r.stdout + r.stderr
+    assert re.search(r"^step 1/1  loss ", r.stdout, re.M), out[-3000:]
+    assert "litlogger" not in out and "could not find the monitored key" not in out
+    assert "no best-*.ckpt was written; checkpoints/last.ckpt holds the final weights" in out
+
+
+def test_cli_multirun_gives_each_job_its_own_directory(tiny_data_root, tmp_path):
+    overrides = [o for o in tiny_train_overrides(tiny_data_root, tmp_path) if "output_dir" not in o]
+    r = _cli(
+        "-m", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}", "debug=fast_dev_run", "seed=0,1"
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    for job in ("0", "1"):
+        cfg = (tmp_path / "sweep" / job / "config.yaml").read_text()
+        assert f"seed: {job}" in cfg
+        assert f"output_dir: {tmp_path / 'sweep' / job}" in cfg
+
+
+def test_config_composed_outside_a_hydra_run_needs_an_output_dir(compose_cfg, tiny_data_root):
+    overrides = [
+        o for o in tiny_train_overrides(tiny_data_root, Path(".")) if "output_dir" not in o
+    ]
+    with pytest.raises(ValueError, match="pass paths.output_dir=DIR"):
+        train(compose_cfg("train", overrides))

@@ -8,9 +8,16 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from walrus.errors import NonFiniteLossError
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from walrus.errors import DiskFullError, NonFiniteLossError, TrainingInterrupted
 
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError)
+# Hydra's errors for a bad command line (misspelled key, unknown config, bad override syntax)
+CONFIG_ERRORS = (HydraException, OmegaConfBaseException)
+# Lines of OmegaConf's messages that locate the key again, in its own terms.
+_OMEGACONF_DETAIL = ("full_key:", "object_type=", "reference_type=")
 # Deprecation chatter from third-party internals that a user can do nothing about.
 QUIET_WARNINGS = (r".*isinstance\(treespec, LeafSpec\).*", r".*litlogger.*")
 
@@ -18,15 +25,38 @@ QUIET_WARNINGS = (r".*isinstance\(treespec, LeafSpec\).*", r".*litlogger.*")
 def run_cli(fn: Callable[[], Any]) -> Any:
     """Run ``fn``; on a user error print ``error: ...`` and exit with status 2.
 
+    Training stopped by SIGTERM (checkpoint saved) exits with status 143 instead.
+
     Set ``WALRUS_TRACEBACK=1`` to see the full traceback instead.
     """
     for pattern in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     try:
         return fn()
-    except (*USER_ERRORS, NonFiniteLossError) as e:
+    except TrainingInterrupted as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_status)
+    except FileExistsError as e:  # e.g. Hydra creating a run directory named like a file
+        if os.environ.get("WALRUS_TRACEBACK"):
+            raise
+        print(f"error: {e.filename} exists and is not a directory", file=sys.stderr)
+        sys.exit(2)
+    except (*USER_ERRORS, *CONFIG_ERRORS, DiskFullError, NonFiniteLossError) as e:
         if os.environ.get("WALRUS_TRACEBACK"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        if isinstance(e, CONFIG_ERRORS):
+            lines = [ln.strip() for ln in str(msg).splitlines()]
+            msg = " ".join(ln for ln in lines if ln and not ln.startswith(_OMEGACONF_DETAIL))
+            msg = msg.split(" Config search path:")[0]
+        elif isinstance(e, OSError) and e.filename and str(e).startswith("[Errno"):
+            msg = f"{e.strerror}: {e.filename}"
         print(f"error: {msg}", file=sys.stderr)
         sys.exit(2)
+
+
+def run_hydra_main(main: Callable[[], Any]) -> Any:
+    """Run a ``@hydra.main`` function; errors composing the config (a misspelled key, an
+    unknown config name) print as one ``error: ...`` line too, instead of Hydra's report."""
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises; run_cli words it
+    return run_cli(main)

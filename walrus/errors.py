@@ -23,3 +23,33 @@ class RolloutDivergedError(ValueError):
         super().__init__(
             f"rollout diverged at step {step}: non-finite values (NaN/Inf) in fields {self.fields}"
         )
+
+
+class TrainingInterrupted(RuntimeError):
+    """Training stopped on SIGTERM after saving a checkpoint; ``walrus.cli`` exits with 143.
+
+    Attributes:
+        checkpoint: the checkpoint to resume from (``ckpt_path=``).
+    """
+
+    exit_status = 143  # 128 + SIGTERM, what a shell reports for a process killed by SIGTERM
+
+    def __init__(self, step: int, checkpoint: str) -> None:
+        self.checkpoint = checkpoint
+        super().__init__(
+            f"training stopped by SIGTERM at step {step}; saved {checkpoint}; resume with "
+            f"ckpt_path={checkpoint}"
+        )
+
+
+class DiskFullError(OSError):
+    """A write failed because the disk (or quota) is full; the message names the file."""
+
+    def __init__(self, path: str, errno_: int) -> None:
+        super().__init__(
+            f"no space left on device: could not write {path} (any previous file is kept)"
+        )
+        self.errno, self.filename = errno_, path
+
+    def __str__(self) -> str:
+        return self.args[0]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from walrus.compat.official import convert_file
+from walrus.compat.convert import convert_file
+from walrus.errors import DiskFullError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             config=args.config,
             trust_pickle=args.trust_pickle,
         )
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, PermissionError, DiskFullError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(report)

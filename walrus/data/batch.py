@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,8 +17,9 @@ class Batch:
     Attributes:
         input_fields: ``(B, T_in, C, *spatial)`` float input frames.
         output_fields: ``(B, T_out, C, *spatial)`` float target frames (``T_out`` may be 0).
-        field_ids: ``(C,)`` long vocabulary ids of the C channels.
-        bcs: ``(n_spatial, 2)`` long boundary codes (``walrus.bcs.BoundaryType``), lo/hi per axis.
+        field_ids: ``(C,)`` long vocabulary ids of the C channels (kept on the host).
+        bcs: ``(n_spatial, 2)`` long boundary codes (``walrus.bcs.BoundaryType``), lo/hi per axis
+            (kept on the host).
         metadata: free-form facts, e.g. ``dataset``, ``field_names``, ``trajectory`` (B,),
             ``start`` (B,), ``dt``. Lists are per sample and are concatenated by ``collate``.
     """
@@ -57,14 +59,33 @@ class Batch:
     def n_spatial(self) -> int:
         return self.input_fields.ndim - 3
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Batch:
-        """Move the tensors; ``dtype`` applies to the float fields only."""
+    def channel_names(self, names: Sequence[str] | None = None) -> list[str] | None:
+        """The C channel names: ``names`` if given, else ``metadata['field_names']``, else ``None``.
+
+        Raises:
+            ValueError: the names are not one per channel.
+        """
+        n_fields = self.input_fields.shape[2]
+        found: Any = names if names is not None else self.metadata.get("field_names")
+        if found is None:
+            return None
+        found = [str(n) for n in found]
+        if len(found) != n_fields:
+            raise ValueError(f"got {len(found)} field names {found} for {n_fields} channels")
+        return found
+
+    def to(
+        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> Batch:
+        """Move the frames; ``dtype`` applies to them only.
+
+        ``field_ids`` and ``bcs`` stay on the host: the model reads them as Python values (stride
+        and padding plans, id checks), which on a device tensor would cost a host sync per step.
+        """
         return replace(
             self,
             input_fields=self.input_fields.to(device=device, dtype=dtype, non_blocking=True),
             output_fields=self.output_fields.to(device=device, dtype=dtype, non_blocking=True),
-            field_ids=self.field_ids.to(device=device, non_blocking=True),
-            bcs=self.bcs.to(device=device, non_blocking=True),
         )
 
     def pin_memory(self) -> Batch:

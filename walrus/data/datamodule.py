@@ -6,143 +6,23 @@ Every batch comes from ONE dataset (so shapes, fields and boundaries match); the
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler, Subset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from walrus.data.batch import collate
+from walrus.data.sampler import MixedBatchSampler, ResumableDataLoader
 from walrus.data.stats import load_stats, write_stats
 from walrus.data.vocab import FieldVocabulary
-from walrus.data.well import WellDataset, WellFile, list_split_files
-
-
-def _dist_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size(), torch.distributed.get_rank()
-    return 1, 0
-
-
-class MixedBatchSampler(Sampler[list[int]]):
-    """Batches of indices into a ``ConcatDataset``, each batch from a single member dataset.
-
-    Args:
-        sizes: number of samples of each member dataset, in ``ConcatDataset`` order.
-        batch_size: samples per batch.
-        weights: per-dataset draw probabilities (normalised); ``None`` draws in proportion to
-            size (every batch of every dataset once per epoch, shuffled).
-        shuffle: shuffle samples and batch order (deterministic given ``seed`` and the epoch).
-        drop_last: drop each dataset's last incomplete batch.
-        seed: base seed.
-        num_batches: batches per epoch with ``weights`` (default: the total number of batches).
-        num_replicas, rank: DDP world size and rank (default: from ``torch.distributed`` when
-            initialised, else 1 and 0). Ranks get disjoint batches and equal counts.
-        epoch_fn: called at each ``__iter__`` for the current epoch (e.g. the trainer's), so the
-            order changes every epoch and is the same after a resume; else ``set_epoch`` rules.
-    """
-
-    def __init__(
-        self,
-        sizes: Sequence[int],
-        batch_size: int,
-        weights: Sequence[float] | None = None,
-        shuffle: bool = True,
-        drop_last: bool = True,
-        seed: int = 0,
-        num_batches: int | None = None,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        epoch_fn: Callable[[], int] | None = None,
-    ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if not sizes:
-            raise ValueError("MixedBatchSampler needs at least one dataset")
-        self.sizes = [int(s) for s in sizes]
-        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
-        self.seed, self.epoch, self.num_batches = seed, 0, num_batches
-        self.offsets = np.cumsum([0, *self.sizes[:-1]]).tolist()
-        if weights is not None:
-            w = np.asarray(weights, dtype=np.float64)
-            if w.shape != (len(self.sizes),) or (w < 0).any() or w.sum() <= 0:
-                raise ValueError(
-                    f"weights must be {len(self.sizes)} non-negative numbers, not all 0: {weights}"
-                )
-            for i, (wi, n) in enumerate(zip(w, self.sizes)):
-                if wi > 0 and self._n_batches(n) == 0:
-                    raise ValueError(
-                        f"dataset {i} has weight {wi} but too few samples ({n}) for a batch of {batch_size}"
-                    )
-            self.weights: np.ndarray | None = w / w.sum()
-        else:
-            self.weights = None
-        self.num_replicas, self.rank = num_replicas, rank
-        self.epoch_fn = epoch_fn
-
-    def _n_batches(self, n: int) -> int:
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Reseed for ``epoch`` (Lightning calls this each epoch)."""
-        self.epoch = int(epoch)
-
-    def _world(self) -> tuple[int, int]:
-        world, rank = _dist_world()
-        world = self.num_replicas if self.num_replicas is not None else world
-        rank = self.rank if self.rank is not None else rank
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} out of range for {world} replicas")
-        return world, rank
-
-    def _dataset_batches(self, d: int, rng: np.random.Generator) -> list[list[int]]:
-        n = self.sizes[d]
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
-        order = order + self.offsets[d]
-        return [
-            order[i : i + self.batch_size].tolist()
-            for i in range(0, self._n_batches(n) * self.batch_size, self.batch_size)
-        ]
-
-    def _epoch_batches(self) -> list[list[int]]:
-        rng = np.random.default_rng([self.seed, self.epoch])
-        per = [self._dataset_batches(d, rng) for d in range(len(self.sizes))]
-        if self.weights is None:
-            batches = [b for bs in per for b in bs]
-            if self.shuffle:
-                batches = [batches[i] for i in rng.permutation(len(batches))]
-            return batches
-        total = self.num_batches or sum(len(bs) for bs in per)
-        draws = rng.choice(len(self.sizes), size=total, p=self.weights)
-        cursor = [0] * len(self.sizes)
-        batches = []
-        for d in draws:
-            if cursor[d] == len(per[d]):
-                per[d], cursor[d] = self._dataset_batches(d, rng), 0
-            batches.append(per[d][cursor[d]])
-            cursor[d] += 1
-        return batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        if self.epoch_fn is not None:
-            self.epoch = int(self.epoch_fn())
-        world, rank = self._world()
-        batches = self._epoch_batches()
-        usable = len(batches) - len(batches) % world if world > 1 else len(batches)
-        yield from batches[rank:usable:world]
-
-    def __len__(self) -> int:
-        world, _ = self._world()
-        total = self.num_batches if self.weights is not None and self.num_batches else None
-        if total is None:
-            total = sum(self._n_batches(n) for n in self.sizes)
-        return total // world if world > 1 else total
+from walrus.data.well_dataset import WellDataset, evenly_spaced
+from walrus.data.well_file import WellFile, list_split_files
 
 
 @dataclass(frozen=True)
@@ -183,6 +63,28 @@ def parse_dataset_specs(datasets: Sequence[str | Mapping[str, Any]] | str) -> li
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate datasets in {names}")
     return specs
+
+
+def resolve_data_root(data_dir: Any, legacy_root: Any) -> str | None:
+    """Where the data lives: ``paths.data_dir``, or ``data.root``, its old name as an option.
+
+    Both ``train.py`` and ``infer.py`` take ``paths.data_dir``; a data config's ``root`` follows
+    it. A ``data.root`` given on its own or differing from ``paths.data_dir`` still wins, with a
+    ``FutureWarning`` naming the option to use instead.
+
+    Returns:
+        The root, or ``None`` when neither is set (inference then uses the checkpoint's).
+    """
+    if legacy_root is not None and str(legacy_root) != str(data_dir):
+        warnings.warn(
+            f"data.root is the old name of paths.data_dir (the option train.py and infer.py "
+            f"both take); "
+            f"reading data from {legacy_root}. Pass paths.data_dir={legacy_root} instead",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return str(legacy_root)
+    return None if data_dir is None else str(data_dir)
 
 
 class WellDataModule(L.LightningDataModule):
@@ -246,6 +148,7 @@ class WellDataModule(L.LightningDataModule):
         self.max_val_windows, self.batches_per_epoch = max_val_windows, batches_per_epoch
         self.val_steps_output = val_steps_output or n_steps_output
         self._vocab: FieldVocabulary | None = None
+        self._spatial_dims: set[int] = set()
         self._sets: dict[str, list[WellDataset]] = {}
 
     @property
@@ -253,33 +156,79 @@ class WellDataModule(L.LightningDataModule):
         return [s.name for s in self.specs]
 
     def prepare_data(self) -> None:
-        """Generate missing built-in datasets and, for z-score, missing ``stats.yaml`` files."""
+        """Generate missing built-in datasets (with ``generate_if_missing``) and, for z-score,
+        missing ``stats.yaml`` files.
+
+        Raises:
+            FileNotFoundError: a dataset folder is missing and generation was not asked for, or
+                the name is not a built-in system (the message names the folder and lists what
+                the data root holds).
+        """
         for spec in self.specs:
             ddir = self.root / spec.name
-            if not (ddir / "data").is_dir() and self.generate_if_missing:
-                from walrus.data.synthetic import SYSTEMS, generate
-
-                if spec.name not in SYSTEMS:
-                    raise FileNotFoundError(
-                        f"dataset {ddir} is missing and {spec.name!r} is not a built-in system "
-                        f"({', '.join(SYSTEMS)}); download it or fix data.root"
-                    )
-                generate(spec.name, self.root, **self.generate_kwargs)
+            if not (ddir / "data").is_dir():
+                self._generate(spec.name)
             if self.normalization == "zscore" and not (ddir / "stats.yaml").is_file():
                 write_stats(ddir)
 
+    def _generate(self, name: str) -> None:
+        """Generate built-in dataset ``name`` under ``root`` if asked to, else raise."""
+        from walrus.data.synthetic import SYSTEMS, generate
+
+        if not self.generate_if_missing or name not in SYSTEMS:
+            raise self._missing(name)
+        print(
+            f"note: dataset {name!r} is not under {self.root}; generating it there "
+            "(data.generate_if_missing=true)",
+            flush=True,
+        )
+        generate(name, self.root, **self.generate_kwargs)
+
+    def _missing(self, name: str) -> FileNotFoundError:
+        """The error for dataset ``name`` missing under ``root``: what exists, and what to do."""
+        from walrus.data.synthetic import SYSTEMS
+
+        ddir = self.root / name / "data"
+        if self.root.is_dir():
+            found = sorted(d.name for d in self.root.iterdir() if d.is_dir())
+            where = f"data root {self.root} holds {found or 'no datasets'}"
+        else:
+            where = f"data root {self.root} does not exist"
+        if name not in SYSTEMS:
+            todo = (
+                f"fix paths.data_dir or the dataset name (built-in systems: {', '.join(SYSTEMS)})"
+            )
+        elif self.generate_if_missing:
+            todo = "call prepare_data() first to generate it"
+        else:
+            todo = (
+                f"{name!r} is built in: generate it with data.generate_if_missing=true or "
+                f"python -m walrus.data.synthetic {name} --out {self.root}, or fix paths.data_dir"
+            )
+        return FileNotFoundError(f"dataset folder {ddir} does not exist; {where}; {todo}")
+
     @property
     def vocab(self) -> FieldVocabulary:
-        """Field vocabulary over all served datasets (``base_vocab`` first, then new names in order)."""
+        """Field vocabulary over all served datasets (``base_vocab`` first, then new names in order).
+
+        Reads one train file per dataset; never generates data (``prepare_data`` does).
+        """
         if self._vocab is None:
-            if self.generate_if_missing:
-                self.prepare_data()
             vocab = FieldVocabulary(self.base_vocab.names if self.base_vocab is not None else ())
             for spec in self.specs:
+                if not (self.root / spec.name / "data").is_dir():
+                    raise self._missing(spec.name)
                 wf = WellFile(list_split_files(self.root, spec.name, "train")[0])
-                vocab.add(channel_names(wf, spec.fields))
+                vocab.add(wf.channel_names(spec.fields))
+                self._spatial_dims.add(wf.n_spatial)
             self._vocab = vocab
         return self._vocab
+
+    @property
+    def spatial_dims(self) -> list[int]:
+        """The sorted spatial dimensionalities (1-3) of the served datasets (read like ``vocab``)."""
+        _ = self.vocab
+        return sorted(self._spatial_dims)
 
     def stats(self, dataset: str) -> dict[str, dict[str, float]]:
         """Z-score statistics of ``dataset`` from its ``stats.yaml``."""
@@ -325,8 +274,14 @@ class WellDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return trainer.current_epoch if trainer is not None else 0
 
-    def _loader(self, members: Sequence[Dataset], sampler: MixedBatchSampler) -> DataLoader:
-        return DataLoader(
+    def _batches_done(self) -> int:
+        """Training batches of the current epoch consumed by this rank's training loop."""
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
+    def _loader(
+        self, members: Sequence[Dataset], sampler: MixedBatchSampler, cls: type = DataLoader
+    ) -> DataLoader:
+        return cls(
             ConcatDataset(members),
             batch_sampler=sampler,
             num_workers=self.num_workers,
@@ -355,24 +310,21 @@ class WellDataModule(L.LightningDataModule):
             num_replicas=world,
             rank=rank,
             epoch_fn=self._current_epoch,
+            position_fn=self._batches_done if getattr(self, "trainer", None) is not None else None,
         )
         if len(sampler) == 0:
             raise ValueError(
                 f"no full training batch: datasets {self.dataset_names} have {[len(d) for d in sets]} "
                 f"windows for batch_size={self.batch_size}"
             )
-        return self._loader(sets, sampler)
+        # resumable: Lightning saves its position in checkpoints, so a resume mid-epoch is exact
+        return self._loader(sets, sampler, ResumableDataLoader)
 
     def _eval_loader(self, split: str) -> DataLoader:
         members: list[Dataset] = []
         for d in self._datasets(split):
-            if self.max_val_windows is not None and len(d) > self.max_val_windows:
-                keep = np.unique(
-                    np.linspace(0, len(d) - 1, self.max_val_windows).round().astype(int)
-                )
-                members.append(Subset(d, keep.tolist()))
-            else:
-                members.append(d)
+            keep = evenly_spaced(len(d), self.max_val_windows)
+            members.append(d if len(keep) == len(d) else Subset(d, keep))
         world, rank = self._world()
         sampler = MixedBatchSampler(
             [len(m) for m in members],
@@ -390,15 +342,3 @@ class WellDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader("test")
-
-
-def channel_names(wf: WellFile, fields: Sequence[str] | None) -> list[str]:
-    """Flattened channel names of ``fields`` (all when ``None``); duplicates are an error."""
-    names = [fi.components[c] for fi, comps in wf.select(fields) for c in comps]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(
-            f"{wf.path}: fields conflict, channel names {dupes} appear more than once; each channel "
-            "needs its own name to get its own vocabulary slot"
-        )
-    return names

@@ -46,6 +46,21 @@ class NormStats:
     def denormalize_delta(self, d: Tensor) -> Tensor:
         return d * self.delta_scale + self.delta_shift
 
+    def next_frame(self, last: Tensor, pred: Tensor, predict_delta: bool) -> Tensor:
+        """The physical frame a normalised model output ``pred`` stands for.
+
+        Args:
+            last: ``(B, 1, C, *spatial)`` last input frame, physical units.
+            pred: ``(B, 1, C, *spatial)`` normalised output: the delta from ``last``
+                (``predict_delta``) or the next frame itself.
+
+        Returns:
+            ``(B, 1, C, *spatial)`` next frame in physical units.
+        """
+        if predict_delta:
+            return last + self.denormalize_delta(pred)
+        return self.denormalize(pred)
+
 
 def _per_field(x: Tensor) -> tuple[int, ...]:
     """Reduction axes that leave (B, C): time and space of a (B, T, C, *spatial) tensor."""
@@ -163,13 +178,16 @@ class ZScoreNormalizer:
         return {"_target_": f"{__name__}.ZScoreNormalizer", "stats": stats, "eps": self.eps}
 
 
+# Any of the normalisers above (each has ``fit(x, field_names) -> NormStats`` and ``config()``).
+Normalizer = RMSNormalizer | MeanStdNormalizer | ZScoreNormalizer
+
 NORMALIZERS = {
     f"{__name__}.{cls.__name__}": cls
     for cls in (RMSNormalizer, MeanStdNormalizer, ZScoreNormalizer)
 }
 
 
-def build_normalizer(config: Mapping[str, Any] | None) -> Any:
+def build_normalizer(config: Mapping[str, Any] | None) -> Normalizer:
     """Rebuild a normaliser from its ``config()``; ``None`` gives the default ``RMSNormalizer``."""
     if not config:
         return RMSNormalizer()

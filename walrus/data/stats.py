@@ -19,7 +19,7 @@ import numpy as np
 import yaml
 
 from walrus.atomic import write_text_atomic
-from walrus.data.well import WellFile, list_split_files, open_h5
+from walrus.data.well_file import WellFile, list_split_files, open_h5
 
 STAT_KEYS = ("mean", "std", "rms", "mean_delta", "std_delta", "rms_delta")
 

@@ -151,9 +151,7 @@ def write_well_file(
             spec = bcs.get(a, "periodic")
             lo, hi = spec if isinstance(spec, tuple | list) else (spec, spec)
             lo, hi = BoundaryType.parse(lo), BoundaryType.parse(hi)
-            sides = (
-                [(lo, (True, True))] if lo == hi else [(lo, (True, False)), (hi, (False, True))]
-            )
+            sides = [(lo, (True, True))] if lo == hi else [(lo, (True, False)), (hi, (False, True))]
             for bc, (at_lo, at_hi) in sides:
                 suffix = "" if lo == hi else ("_lo" if at_lo else "_hi")
                 g = bgroup.create_group(f"{a}{suffix}_{bc.name.lower()}")

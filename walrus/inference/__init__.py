@@ -1,7 +1,8 @@
 """Inference commands: ``python infer.py rollout|evaluate ckpt_path=... [options]``.
 
-``run(cfg)`` dispatches on ``cfg.command`` to ``run_rollout`` (autoregressive rollouts with
-metrics, predictions and plots) or ``run_evaluate`` (one-step errors over a split); both run
+``run(cfg)`` dispatches on ``cfg.command`` to the module named after the command:
+``inference/rollout.py:run_rollout`` (autoregressive rollouts with metrics, predictions and
+plots) or ``inference/evaluate.py:run_evaluate`` (one-step errors over a split); both run
 through a Lightning ``Trainer`` built from ``cfg.trainer``. See ``configs/infer.yaml``.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from walrus.inference.evaluate import run_evaluate
-from walrus.inference.predict import run_rollout
+from walrus.inference.rollout import run_rollout
 
 COMMANDS = ("rollout", "evaluate")
 # Hydra flags that take the next word as their value

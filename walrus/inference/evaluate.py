@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig
 
+from walrus.data.well_dataset import evenly_spaced
 from walrus.inference.loading import build_trainer, positive_int, prepare
 from walrus.inference.report import format_evaluate_table, write_json_atomic
 from walrus.inference.rollout_module import (
@@ -36,28 +36,10 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
     """
     max_windows = positive_int(cfg, "max_windows", allow_null=True)
     prep = prepare(cfg, n_steps_output=1)
-    windows: dict[str, list[int]] = {}
-    for ds in prep.datasets:
-        n = len(ds)
-        keep = (
-            np.arange(n)
-            if max_windows is None or n <= max_windows
-            else (np.unique(np.linspace(0, n - 1, max_windows).round().astype(int)))
-        )
-        windows[ds.dataset] = keep.tolist()
+    windows = {ds.dataset: evenly_spaced(len(ds), max_windows) for ds in prep.datasets}
     plans = {ds.dataset: DatasetPlan(ds.dataset, tuple(ds.field_names), 1) for ds in prep.datasets}
     jobs = make_jobs(windows, prep.batch_size)
-    module = RolloutModule(
-        prep.ckpt.model,
-        plans,
-        predict_delta=prep.ckpt.predict_delta,
-        normalizer=prep.ckpt.normalizer,
-        jitter_seed=prep.jitter_seed,
-        members=prep.members,
-        cap_delta_unit=prep.cap_delta_unit,
-        autocast_dtype=prep.autocast_dtype,
-        keep_predictions=False,
-    )
+    module = RolloutModule.from_prepared(prep, plans, keep_predictions=False)
     trainer = build_trainer(cfg)
     loaders = {ds.dataset: ds.__getitem__ for ds in prep.datasets}
     trainer.test(module, datamodule=JobDataModule(JobDataset(jobs, loaders)), verbose=False)

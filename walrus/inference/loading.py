@@ -19,12 +19,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from walrus.checkpoint import load_model_and_meta
-from walrus.data.datamodule import channel_names, parse_dataset_specs
+from walrus.data.datamodule import parse_dataset_specs, resolve_data_root
 from walrus.data.normalization import build_normalizer
 from walrus.data.vocab import FieldVocabulary
-from walrus.data.well import WellDataset, WellFile, list_split_files
+from walrus.data.well_dataset import WellDataset
+from walrus.data.well_file import SPLITS, WellFile, list_split_files
+from walrus.model.compile import compile_mode, compile_model
 
-SPLITS = ("train", "valid", "test")
 # data config keys inference reads; the rest of a training data config is ignored
 DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride")
 
@@ -91,18 +92,38 @@ def _inference_jitter(meta: Mapping[str, Any], model: nn.Module, path: Path) -> 
     return value
 
 
-def resolve_data_config(override: Mapping[str, Any] | None, ckpt: InferenceCheckpoint) -> dict:
+def resolve_data_config(
+    override: Mapping[str, Any] | None, ckpt: InferenceCheckpoint, data_dir: Any = None
+) -> dict:
     """The checkpoint's training data config, with every non-null key of ``override`` on top.
+
+    Args:
+        override: the ``data`` options (``datasets``, ``n_steps_input``, ``time_stride``, and
+            the deprecated ``root``).
+        ckpt: the loaded checkpoint.
+        data_dir: ``paths.data_dir``; ``None`` keeps the checkpoint's data root.
 
     Raises:
         ValueError: neither names a data root and datasets.
+        FileNotFoundError: the data root does not exist.
     """
+    override = dict(override or {})
+    root = resolve_data_root(data_dir, override.pop("root", None))
     data = {k: v for k, v in ckpt.data_config.items() if k in DATA_KEYS}
-    data.update({k: v for k, v in (override or {}).items() if k in DATA_KEYS and v is not None})
+    data.update({k: v for k, v in override.items() if k in DATA_KEYS and v is not None})
+    if root is not None:
+        data["root"] = root
     if not data.get("root") or not data.get("datasets"):
         raise ValueError(
-            f"checkpoint {ckpt.path} stores no data config to read from; pass data.root=... and "
-            "data.datasets=[...] (or data=<config name>, e.g. data=navier_stokes_2d)"
+            f"checkpoint {ckpt.path} stores no data config to read from; pass "
+            "paths.data_dir=DIR and data.datasets=[...] (or data=<config name>, e.g. "
+            "data=navier_stokes_2d)"
+        )
+    if not Path(str(data["root"])).is_dir():
+        origin = "checkpoint's training data root" if root is None else "paths.data_dir"
+        raise FileNotFoundError(
+            f"data root {data['root']} ({origin}) does not exist; pass paths.data_dir=DIR, the "
+            "folder holding <dataset>/data/<split>/*.hdf5"
         )
     data.setdefault("n_steps_input", 4)
     data.setdefault("time_stride", 1)
@@ -142,14 +163,14 @@ def open_datasets(
     out = []
     for spec in specs:
         wf = WellFile(list_split_files(root, spec.name, split)[0])
-        names = channel_names(wf, spec.fields)
+        names = wf.channel_names(spec.fields)
         unknown = [n for n in names if n not in ckpt.vocab]
         if unknown:
             raise ValueError(
                 f"dataset {spec.name!r} has fields {unknown} that checkpoint {ckpt.path} was "
                 f"never trained on (it knows {ckpt.vocab.names}). Fine-tune it on this data "
                 f"first, which adds the new fields: python train.py experiment=finetune "
-                f"init_from={ckpt.path} data.root={root} data.datasets=[{spec.name}] ; then "
+                f"init_from={ckpt.path} paths.data_dir={root} data.datasets=[{spec.name}] ; then "
                 "run inference with the fine-tuned checkpoint"
             )
         out.append(
@@ -238,6 +259,56 @@ class Prepared:
     cap_delta_unit: bool = True
 
 
+# What Hydra itself writes into the run directory (`out`) before a command starts.
+HYDRA_RUN_FILES = frozenset({".hydra", "infer.log"})
+# What the inference commands write: replaced by `overwrite=true`.
+RESULT_FILES = frozenset(
+    {"metrics.json", "predictions.hdf5", "vrmse.png", "spectral.png", "snapshots.png",
+     "rollout.gif", "rollout.mp4"}
+)  # fmt: skip
+
+
+def claim_out(out: Path, overwrite: Any) -> None:
+    """Make sure results written to ``out`` cannot mix with an earlier run's.
+
+    ``out`` must not exist, be empty, or hold only Hydra's run files; with ``overwrite=true``
+    an earlier run's result files (and per-dataset folders holding only those) are removed
+    first. Other files are never deleted.
+
+    Raises:
+        ValueError: ``overwrite`` is not a boolean, or ``out`` holds files and ``overwrite``
+            is false, or holds files that are not results of a command.
+    """
+    if not isinstance(overwrite, bool):
+        raise ValueError(f"option overwrite must be true or false, got {overwrite!r}")
+    if not out.is_dir():
+        return
+    found = sorted(p for p in out.iterdir() if p.name not in HYDRA_RUN_FILES)
+    if not found:
+        return
+    names = ", ".join(p.name for p in found[:5]) + (", ..." if len(found) > 5 else "")
+    if not overwrite:
+        raise ValueError(
+            f"out={out} already holds {names} (an earlier run?); pass a new out=DIR, or "
+            "overwrite=true to replace its results"
+        )
+
+    def is_result(p: Path) -> bool:
+        if p.is_dir() and not p.is_symlink():
+            return all(c.is_file() and c.name in RESULT_FILES for c in p.iterdir())
+        return p.is_file() and p.name in RESULT_FILES
+
+    foreign = [p.name for p in found if not is_result(p)]
+    if foreign:
+        raise ValueError(
+            f"out={out} holds {', '.join(foreign[:5])}, which no infer.py command wrote; "
+            "overwrite=true replaces only earlier results: pass a new out=DIR"
+        )
+    for p in found:
+        for f in [*p.iterdir(), p] if p.is_dir() else [p]:
+            f.rmdir() if f.is_dir() else f.unlink()
+
+
 def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
     """Check the options shared by every command, load the checkpoint and open the data."""
     ckpt_path = require(cfg, "ckpt_path", "pass ckpt_path=PATH/TO/checkpoints/last.ckpt")
@@ -255,16 +326,20 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
             f"option jitter must be true, false or null (the checkpoint's default), got "
             f"{cfg.get('jitter')!r}"
         )
+    compile_as = compile_mode(cfg.get("compile", False))
     pl.seed_everything(seed, verbose=False)
     ckpt = load_inference_checkpoint(ckpt_path)
+    compile_model(ckpt.model, compile_as)
     jitter = ckpt.inference_jitter if cfg.get("jitter") is None else bool(cfg.jitter)
     if members > 1 and not jitter:
         raise ValueError(
             f"option ensemble={members} needs jitter=true: the members differ only by their "
             "jitter draws"
         )
-    data = resolve_data_config(_plain(cfg.get("data")), ckpt)
+    data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
+    data = resolve_data_config(_plain(cfg.get("data")), ckpt, data_dir=data_dir)
     datasets = open_datasets(data, str(cfg.split), ckpt, n_steps_output=n_steps_output)
+    claim_out(out, cfg.get("overwrite", False))
     return Prepared(
         ckpt=ckpt,
         data=data,

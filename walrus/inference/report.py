@@ -17,7 +17,7 @@ import numpy as np
 
 from walrus.atomic import write_text_atomic
 from walrus.bcs import BoundaryType
-from walrus.data.well import WellDataset
+from walrus.data.well_dataset import WellDataset
 from walrus.data.writer import write_well_file
 from walrus.metrics import SPECTRAL_BINS
 
@@ -37,22 +37,6 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
-def locate_trajectory(ds: WellDataset, index: int) -> tuple[int, int]:
-    """``(file index, trajectory within that file)`` of split-wide trajectory ``index``."""
-    offset = 0
-    for k, wf in enumerate(ds.files):
-        if index < offset + wf.n_trajectories:
-            return k, index - offset
-        offset += wf.n_trajectories
-    raise IndexError(f"trajectory {index} out of range for {offset} trajectories")
-
-
-def frames_available(ds: WellDataset, index: int, stride: int) -> int:
-    """Frames of trajectory ``index`` at time stride ``stride``."""
-    k, _ = locate_trajectory(ds, index)
-    return (ds.files[k].n_time - 1) // stride + 1
-
-
 def write_predictions(
     path: str | os.PathLike,
     ds: WellDataset,
@@ -62,30 +46,35 @@ def write_predictions(
     stride: int,
     spreads: Sequence[np.ndarray] | None = None,
 ) -> Path:
-    """Write predicted frames as a Well file: one trajectory per prediction, one t0 field per channel.
+    """Write predicted frames as a Well file in the input's own layout, one trajectory each.
+
+    Scalar fields go to ``t0_fields``, vector fields to ``t1_fields`` and tensor fields to
+    ``t2_fields`` as the input file stores them, so The Well's ``WellDataset`` reads the file as
+    a dataset and our reader gives back the input's channel names. A field of which only some
+    components were selected is stored one t0 field per component (``velocity_x``).
 
     Args:
         path: the ``.hdf5`` file.
-        ds: the dataset rolled out (gives coordinates, boundaries and times).
+        ds: the dataset rolled out (gives fields, coordinates, boundaries and times).
         predictions: per trajectory ``(S, C, *spatial)``; all with the same ``S >= 1``.
         trajectory: trajectory whose time axis labels the frames.
         first_frame: strided frame index of the first prediction in that trajectory.
         stride: time stride of the rollout.
         spreads: an ensemble's standard deviation, shaped like ``predictions``; stored next to
-            the mean as ``<field>_spread``.
+            each field, in its group, as ``<field>_spread``.
 
     Returns:
-        The written path. Channels are stored under their flattened names (``velocity_x``),
-        which the reader returns unchanged.
+        The written path.
     """
     arr = np.stack([np.asarray(p, dtype=np.float32) for p in predictions])  # (N, S, C, *sp)
-    fields = {name: arr[:, :, c] for c, name in enumerate(ds.field_names)}
+    groups = _field_groups(ds, arr, "")
     if spreads is not None:
         spread = np.stack([np.asarray(p, dtype=np.float32) for p in spreads])  # (N, S, C, *sp)
         if spread.shape != arr.shape:
             raise ValueError(f"spreads shape {spread.shape} != predictions shape {arr.shape}")
-        fields.update({f"{name}_spread": spread[:, :, c] for c, name in enumerate(ds.field_names)})
-    k, local = locate_trajectory(ds, trajectory)
+        for group, extra in zip(groups, _field_groups(ds, spread, "_spread")):
+            group.update(extra)
+    k, local = ds.locate_trajectory(trajectory)
     wf = ds.files[k]
     times = wf.time if wf.time.ndim == 1 else wf.time[local]
     n_steps = arr.shape[1]
@@ -101,9 +90,36 @@ def write_predictions(
         coords={a: wf.coords[a] for a in wf.spatial_dims},
         time=np.asarray(times)[t_index],
         n_trajectories=arr.shape[0],
-        fields=fields,
+        fields=groups[0],
+        vector_fields=groups[1],
+        tensor_fields=groups[2],
         bcs=bcs,
     )
+
+
+def _field_groups(
+    ds: WellDataset, arr: np.ndarray, suffix: str
+) -> tuple[dict[str, np.ndarray], ...]:
+    """Channels ``arr (N, S, C, *sp)`` regrouped into the input's fields, by rank.
+
+    Returns:
+        ``(t0, t1, t2)``: name -> ``(N, S, *sp)``, ``(N, S, *sp, D)``, ``(N, S, *sp, D, D)``.
+    """
+    groups: tuple[dict[str, np.ndarray], ...] = ({}, {}, {})
+    c = 0
+    for fi, comps in ds.selections[0]:
+        block = arr[:, :, c : c + len(comps)]  # (N, S, n, *sp)
+        c += len(comps)
+        if fi.rank == 0 or list(comps) != list(range(len(fi.components))):
+            for j, comp in enumerate(comps):
+                groups[0][fi.components[comp] + suffix] = block[:, :, j]
+            continue
+        value = np.moveaxis(block, 2, -1)  # (N, S, *sp, D or D*D)
+        if fi.rank == 2:
+            d = len(fi.dim_varying)
+            value = value.reshape(*value.shape[:-1], d, d)  # (N, S, *sp, D, D)
+        groups[fi.rank][fi.name + suffix] = value
+    return groups
 
 
 def _fmt(value: float) -> str:

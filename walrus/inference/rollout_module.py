@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -23,10 +23,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from walrus.data.batch import Batch, collate
-from walrus.data.normalization import RMSNormalizer
+from walrus.data.normalization import Normalizer, RMSNormalizer
 from walrus.errors import RolloutDivergedError
-from walrus.forecast import Normalizer, ensemble_rollout, rollout
 from walrus.metrics import RolloutMetrics
+from walrus.rollout import ensemble_rollout, rollout
+
+if TYPE_CHECKING:
+    from walrus.inference.loading import Prepared
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class RolloutModule(pl.LightningModule):
         jitter_seed: ``None`` turns patch jitter off; an int makes it on and reproducible.
         members: ensemble size; more than one rolls out that many jittered copies of each
             trajectory (needs ``jitter_seed``), scores their mean and keeps their spread.
-        cap_delta_unit: cap each step's delta unit at the true context's (``walrus.forecast``).
+        cap_delta_unit: cap each step's delta unit at the true context's (``walrus.rollout``).
         autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast.
         keep_predictions: keep every predicted frame (on the CPU) for ``predictions.hdf5``.
         progress: show a progress bar of rollout steps (rank 0 only).
@@ -152,6 +155,25 @@ class RolloutModule(pl.LightningModule):
         self._bar: Progress | None = None
         self._task: Any = None
         self._reset()
+
+    @classmethod
+    def from_prepared(
+        cls, prep: Prepared, plans: Mapping[str, DatasetPlan], **kwargs: Any
+    ) -> RolloutModule:
+        """The module for an inference command: model, normaliser, jitter, ensemble, delta cap
+        and autocast from ``prep``; ``kwargs`` (``keep_predictions``, ``progress``,
+        ``job_steps``) as for the constructor."""
+        return cls(
+            prep.ckpt.model,
+            plans,
+            predict_delta=prep.ckpt.predict_delta,
+            normalizer=prep.ckpt.normalizer,
+            jitter_seed=prep.jitter_seed,
+            members=prep.members,
+            cap_delta_unit=prep.cap_delta_unit,
+            autocast_dtype=prep.autocast_dtype,
+            **kwargs,
+        )
 
     def _reset(self) -> None:
         self.metrics = {

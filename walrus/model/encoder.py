@@ -8,9 +8,9 @@ tensor).
 
 Stride modulation: the kernels are fixed; per axis, strides ``(s1, s2)`` are picked from a list
 so that ``size / (s1*s2)`` lands near a target latent size. ``official_strides`` is the official
-Walrus lookup table instead (used with both official compat modes).
+Walrus lookup table instead (used by both official profiles, :mod:`walrus.model.profile`).
 
-The current official layout (``compat="walrus_current"``) has no separate field embedding:
+The current official layout has no separate field embedding:
 :class:`FieldEncoder`'s first conv takes the raw fields plus three boundary flag channels,
 with one input column per vocabulary field. Its decoder wraps periodic axes around before each
 transposed conv (:attr:`Decoder.periodic_wrap`).
@@ -90,7 +90,7 @@ def official_strides(sizes: Sequence[int], target: int) -> list[tuple[int, int]]
             ok = sorted(k * target for k in OFFICIAL_STRIDE_TABLE if k)
             raise ValueError(
                 f"spatial axis {axis} has {n} points; the official Walrus stride table "
-                f"(compat='walrus_official') takes sizes with size // {target} in "
+                f"(official profiles) takes sizes with size // {target} in "
                 f"{sorted(OFFICIAL_STRIDE_TABLE)}, e.g. {ok}"
             )
         out.append(OFFICIAL_STRIDE_TABLE[key])
@@ -113,18 +113,25 @@ class Encoder(nn.Module):
         inter_dim: channels between the two convs.
         dim: output channels (processor width).
         kernels: ``(k1, k2)`` kernel sizes of the two convs.
-        groups: norm groups.
+        groups: norm groups; ``None``: one group per channel.
+        norm_eps: added to the norms' mean square.
     """
 
     def __init__(
-        self, proj_dim: int, inter_dim: int, dim: int, kernels: tuple[int, int], groups: int
+        self,
+        proj_dim: int,
+        inter_dim: int,
+        dim: int,
+        kernels: tuple[int, int],
+        groups: int | None,
+        norm_eps: float = 1e-6,
     ):
         super().__init__()
         k1, k2 = kernels
         self.proj1 = nn.Conv3d(proj_dim, inter_dim, k1, bias=False)
-        self.norm1 = RMSGroupNorm(inter_dim, groups, channels_last=False)
+        self.norm1 = RMSGroupNorm(inter_dim, groups or inter_dim, norm_eps, channels_last=False)
         self.proj2 = nn.Conv3d(inter_dim, dim, k2, bias=False)
-        self.norm2 = RMSGroupNorm(dim, groups, channels_last=False)
+        self.norm2 = RMSGroupNorm(dim, groups or dim, norm_eps, channels_last=False)
 
     def forward(
         self, x: Tensor, active: Sequence[bool], strides: Sequence[tuple[int, int]]
@@ -163,7 +170,7 @@ class FieldEncoder(Encoder):
 
     Args:
         n_fields: vocabulary size (input columns of ``proj1``).
-        inter_dim, dim, kernels, groups: as :class:`Encoder`.
+        inter_dim, dim, kernels, groups, norm_eps: as :class:`Encoder`.
         flag_fields: vocabulary ids of the ones, wall and open channels.
     """
 
@@ -173,10 +180,11 @@ class FieldEncoder(Encoder):
         inter_dim: int,
         dim: int,
         kernels: tuple[int, int],
-        groups: int,
+        groups: int | None,
+        norm_eps: float = 1e-6,
         flag_fields: Sequence[int] = (2, 0, 1),
     ):
-        super().__init__(n_fields, inter_dim, dim, kernels, groups)
+        super().__init__(n_fields, inter_dim, dim, kernels, groups, norm_eps)
         self.flag_fields = tuple(int(i) for i in flag_fields)
 
     def forward(
@@ -210,23 +218,38 @@ class Decoder(nn.Module):
     """Mirror of :class:`Encoder`: ``dim -> inter_dim -> n_fields`` with transposed convs.
 
     The last layer holds one output channel (and bias) per vocabulary field; only the batch's
-    fields are computed. ``kernel_reduce`` says how kernels collapse over inactive axes:
-    ``"sum"`` (default, like the encoder) or ``"mean"`` (official Walrus). With
-    ``periodic_wrap`` (current official layout) each transposed conv sees its input wrapped
-    around periodic axes by ``(k - s) // s`` tokens per side, and the extra output is cropped:
-    the borders of a periodic axis get the contributions of the tokens across the boundary.
+    fields are computed.
+
+    Args:
+        dim, inter_dim, kernels, groups, norm_eps: as :class:`Encoder`.
+        n_fields: vocabulary size (output channels of the last conv).
+        kernel_reduce: how kernels collapse over inactive axes: ``"sum"`` (like the encoder) or
+            ``"mean"`` (official Walrus).
+        periodic_wrap: each transposed conv sees its input wrapped around periodic axes by
+            ``(k - s) // s`` tokens per side, and the extra output is cropped: the borders of a
+            periodic axis get the contributions of the tokens across the boundary (current
+            official layout).
     """
 
-    kernel_reduce: str = "sum"
-    periodic_wrap: bool = False
-
     def __init__(
-        self, dim: int, inter_dim: int, n_fields: int, kernels: tuple[int, int], groups: int
+        self,
+        dim: int,
+        inter_dim: int,
+        n_fields: int,
+        kernels: tuple[int, int],
+        groups: int | None,
+        norm_eps: float = 1e-6,
+        *,
+        kernel_reduce: str = "sum",
+        periodic_wrap: bool = False,
     ):
         super().__init__()
+        if kernel_reduce not in ("sum", "mean"):
+            raise ValueError(f"kernel_reduce must be 'sum' or 'mean', got {kernel_reduce!r}")
+        self.kernel_reduce, self.periodic_wrap = kernel_reduce, periodic_wrap
         k1, k2 = kernels
         self.proj1 = nn.ConvTranspose3d(dim, inter_dim, k2, bias=False)
-        self.norm1 = RMSGroupNorm(inter_dim, groups, channels_last=False)
+        self.norm1 = RMSGroupNorm(inter_dim, groups or inter_dim, norm_eps, channels_last=False)
         self.proj2 = nn.ConvTranspose3d(inter_dim, n_fields, k1)
 
     def forward(

@@ -20,7 +20,7 @@ class FieldEmbedding(nn.Module):
         n_fields: vocabulary size.
         dim: output channels (the projection dim).
         scale_bias: apply the ``sqrt(n_fields / C)`` rescale to the bias too, as the official
-            Walrus does (``compat="walrus_official"``); by default only the weight is rescaled.
+            legacy official Walrus does; by default only the weight is rescaled.
     """
 
     def __init__(self, n_fields: int, dim: int, scale_bias: bool = False):

@@ -13,7 +13,7 @@ layout of the padding depends only on the configuration, never on whether a rand
 drawn, so training and evaluation see the same latent grid. :meth:`PatchJitterer.unjitter`
 undoes a jitter exactly (roll back, crop, unroll).
 
-The current official layout (``compat="walrus_current"``) has no learned tokens:
+The current official layout (:data:`walrus.model.profile.WALRUS_CURRENT`) has no learned tokens:
 :func:`flag_jitter` pads with zeros and appends three indicator channels instead (ones outside
 non-periodic padding, a wall flag, an open flag), which the encoder projects like fields.
 
@@ -55,34 +55,45 @@ def plan_axis(
     bc: tuple[int, int],
     jitter: bool,
     shift: int,
-    compat: str | None = None,
 ) -> AxisPlan:
-    """Padding for one axis so two strided convs tile it exactly.
+    """Padding for one axis so two strided convs tile it exactly (this project's plan).
 
     With kernels ``(k1, k2)`` and strides ``(s1, s2)`` (patch ``P = s1*s2``) the convs need
     ``k1 + s1*(k2-1) - P`` extra points; ``(-size) % P`` more pad the axis to a whole number of
     patches, and a non-periodic jittered axis gets ``P`` more (half a patch each side).
 
-    This default plan is also the current official layout's (``compat="walrus_current"``,
-    which pads ``(k1 + s1*(k2-1) - P) // 2`` per side): the two agree whenever ``size`` is a
-    multiple of ``P``, the only sizes the official code accepts.
-
-    With ``compat="walrus_official"`` the legacy official plan is used instead: a non-periodic
-    jittered axis first gets ``P // 2`` per side, then ``(P - r) // 2`` on both sides with
-    ``r = (n - k1 + s1 - k2*s1) mod P`` for the (enlarged) length ``n`` (symmetric; the convs
-    tile exactly when ``P - r`` is even).
+    This is also the current official layout's plan (it pads ``(k1 + s1*(k2-1) - P) // 2`` per
+    side): the two agree whenever ``size`` is a multiple of ``P``, the only sizes the official
+    code accepts.
     """
     (s1, s2), (k1, k2) = strides, kernels
     patch = s1 * s2
-    periodic = bc[0] == BoundaryType.PERIODIC
-    extra = patch // 2 if jitter and not periodic else 0
-    if compat == "walrus_official":
-        n = size + 2 * extra
-        lo = hi = extra + (patch - (n - k1 + s1 - k2 * s1) % patch) // 2
-    else:
-        conv_pad = k1 + s1 * (k2 - 1) - patch
-        lo = conv_pad // 2 + extra
-        hi = conv_pad - conv_pad // 2 + (-size) % patch + extra
+    extra = patch // 2 if jitter and bc[0] != BoundaryType.PERIODIC else 0
+    conv_pad = k1 + s1 * (k2 - 1) - patch
+    lo = conv_pad // 2 + extra
+    hi = conv_pad - conv_pad // 2 + (-size) % patch + extra
+    return AxisPlan(lo=lo, hi=hi, shift=shift, bc_lo=int(bc[0]), bc_hi=int(bc[1]))
+
+
+def plan_axis_symmetric(
+    size: int,
+    strides: tuple[int, int],
+    kernels: tuple[int, int],
+    bc: tuple[int, int],
+    jitter: bool,
+    shift: int,
+) -> AxisPlan:
+    """The legacy official padding plan (same arguments as :func:`plan_axis`).
+
+    A non-periodic jittered axis first gets ``P // 2`` per side, then ``(P - r) // 2`` on both
+    sides with ``r = (n - k1 + s1 - k2*s1) mod P`` for the (enlarged) length ``n`` (symmetric;
+    the convs tile exactly when ``P - r`` is even).
+    """
+    (s1, s2), (k1, k2) = strides, kernels
+    patch = s1 * s2
+    extra = patch // 2 if jitter and bc[0] != BoundaryType.PERIODIC else 0
+    n = size + 2 * extra
+    lo = hi = extra + (patch - (n - k1 + s1 - k2 * s1) % patch) // 2
     return AxisPlan(lo=lo, hi=hi, shift=shift, bc_lo=int(bc[0]), bc_hi=int(bc[1]))
 
 
@@ -131,6 +142,25 @@ class RecordedDraws(JitterDraws):
             )
         self.used += 1
         return value
+
+
+def shift_within_half_patch(
+    draws: JitterDraws, plan: AxisPlan, size: int, stride: tuple[int, int]
+) -> int:
+    """A random patch-grid shift of less than half a patch (this project's jitter)."""
+    half = stride[0] * stride[1] // 2
+    return draws.randint(-(half - 1), half) if half > 1 else 0
+
+
+def shift_within_padding(
+    draws: JitterDraws, plan: AxisPlan, size: int, stride: tuple[int, int]
+) -> int:
+    """The current official jitter: less than half the axis on a periodic axis, less than its
+    padding on the others; no draw for a patch of one point."""
+    if stride[0] * stride[1] <= 1:
+        return 0
+    half = size // 2 if plan.periodic else plan.lo
+    return draws.randint(-(half - 1), half)
 
 
 def pad_axes(x: Tensor, plans: list[AxisPlan]) -> Tensor:

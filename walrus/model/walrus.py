@@ -21,331 +21,121 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from walrus.bcs import BoundaryType
-from walrus.model.blocks import (
-    InferenceWorkspace,
-    ProcessorBlock,
-    SpatialAttention,
-    TemporalAttention,
-    compute_dtype,
-)
-from walrus.model.encoder import (
-    Decoder,
-    Encoder,
-    FieldEncoder,
-    choose_strides,
-    official_strides,
-)
+from walrus.model.blocks import ProcessorBlock, SpatialAttention, TemporalAttention
+from walrus.model.config import WalrusConfig
+from walrus.model.encoder import Decoder, Encoder, FieldEncoder
+from walrus.model.fast_blocks import run_processor
 from walrus.model.field_embedding import FieldEmbedding
-from walrus.model.jitter import (
-    AxisPlan,
-    JitterDraws,
-    PatchJitterer,
-    RecordedDraws,
-    flag_jitter,
-    plan_axis,
-)
-from walrus.nn import attention as attention_module
+from walrus.model.jitter import AxisPlan, JitterDraws, PatchJitterer, RecordedDraws, flag_jitter
 from walrus.nn.norms import RMSGroupNorm
 from walrus.nn.rope import AxialRoPE
-
-DEFAULT_STRIDE_OPTIONS = ((2, 2), (4, 2), (4, 4), (8, 4))
-COMPAT_MODES = ("walrus_official", "walrus_current")
-
-
-def _pairs(value: Sequence, name: str) -> tuple[tuple[int, int], ...]:
-    pairs = tuple(tuple(int(v) for v in p) for p in value)
-    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
-        raise ValueError(f"{name} must be a list of (s1, s2) pairs of positive ints, got {value!r}")
-    return pairs
 
 
 class Walrus(nn.Module):
     """Walrus-style space-time transformer over a field vocabulary.
 
-    Args:
-        n_fields: vocabulary size (fields the model knows).
-        dim: processor width D.
-        depth: number of processor blocks.
-        heads: attention heads (must divide ``dim``).
-        projection_dim: field embedding width P.
-        intermediate_dim: width between the two encoder/decoder convs (default ``dim // 4``).
-        mlp_ratio: feed-forward width before the SwiGLU gate, as a multiple of ``dim``.
-        causal: causal time attention; the output then has one prediction per input frame.
-            Otherwise only the last frame's prediction is returned.
-        n_spatial_max: most spatial axes accepted (at most 3).
-        groups: RMS group norm groups (must divide ``dim``, ``intermediate_dim``).
-        kernel_sizes: ``(k1, k2)`` kernels of the two encoder convs.
-        stride_options: candidate ``(s1, s2)`` strides for stride modulation.
-        target_latent: wanted latent tokens per axis for data with 1, 2 and 3 non-trivial axes.
-        strides: explicit strides instead of stride modulation: one ``(s1, s2)`` pair for every
-            axis, or one pair per spatial axis.
-        include_d: data dimensionalities that get their own encoder/decoder; data of dimension
-            d uses the smallest included value >= d.
-        jitter: enable patch jittering (see the module docstring for when it is applied).
-        latent_roll: with active jitter, roll the latent grid along periodic axes before every
-            block (as the official Walrus does, also at inference).
-        drop_path: largest drop path probability (linear over depth).
-        input_drop: dropout on the embedded fields (on the raw fields with
-            ``compat="walrus_current"``).
-        layer_scale_init: initial layer scale of every residual branch.
-        temporal_kernel: attention kernel of the temporal blocks.
-        spatial_kernel: attention kernel of the spatial blocks.
-        grad_checkpointing: checkpoint every processor block.
-        rope_max_freq: largest axial RoPE frequency.
-        rel_pos_buckets: T5 buckets of the temporal bias.
-        rel_pos_max_distance: T5 max distance of the temporal bias.
-        compat: ``"walrus_official"`` reproduces the legacy official Walrus layout and numerics
-            for converted weights (see ``walrus.compat``): per-channel norms with eps
-            ``finfo(float32).eps``, rescaled field-embedding bias, symmetric official padding,
-            official stride table, mean-reduced decoder kernels, encoder set chosen by the number
-            of axes longer than 1. ``"walrus_current"`` reproduces the current (released)
-            official layout: no field embedding (``FieldEncoder`` projects raw fields plus three
-            boundary flag channels, after a learned input scale ``encoder_dummy``), no learned
-            pad tokens, no layer scale, the same per-channel norms, stride table, encoder-set
-            choice and mean-reduced decoder kernels, a decoder that wraps periodic axes, and
-            the official jitter range (periodic axes shift by up to half their length). ``projection_dim`` and
-            ``layer_scale_init`` are unused then. ``None`` (default): this project's numerics.
-        flag_fields: with ``compat="walrus_current"``, the vocabulary ids of the three appended
-            channels (ones, wall flag, open flag); the batch's fields may not use them.
-        fused: processor blocks run their fused forward (same results in fewer passes); the
-            plain forward is the reference. Switch later with :meth:`set_fused`.
+    Built from a :class:`~walrus.model.config.WalrusConfig`: ``Walrus(config)``, or
+    ``Walrus(n_fields, dim, depth, heads, **options)`` with that class's options as arguments
+    (what a Hydra ``_target_: walrus.model.walrus.Walrus`` config does). The config's ``compat``
+    name selects the numerics profile (:mod:`walrus.model.profile`), which decides the layout
+    and numerics once, here; the validated config is kept as :attr:`config`.
 
     Raises:
-        ValueError: an inconsistent configuration.
+        ValueError: an inconsistent configuration (naming the option).
     """
 
-    def __init__(
-        self,
-        n_fields: int,
-        dim: int,
-        depth: int,
-        heads: int,
-        *,
-        projection_dim: int = 48,
-        intermediate_dim: int | None = None,
-        mlp_ratio: float = 4.0,
-        causal: bool = True,
-        n_spatial_max: int = 3,
-        groups: int = 16,
-        kernel_sizes: Sequence[int] = (8, 4),
-        stride_options: Sequence[Sequence[int]] = DEFAULT_STRIDE_OPTIONS,
-        target_latent: Sequence[int] = (32, 32, 16),
-        strides: Sequence[Sequence[int]] | Sequence[int] | None = None,
-        include_d: Sequence[int] = (1, 2, 3),
-        jitter: bool = True,
-        latent_roll: bool = False,
-        drop_path: float = 0.0,
-        input_drop: float = 0.0,
-        layer_scale_init: float = 0.1,
-        temporal_kernel: str = "sdpa",
-        spatial_kernel: str = "sdpa",
-        grad_checkpointing: bool = False,
-        rope_max_freq: float = 256.0,
-        rel_pos_buckets: int = 32,
-        rel_pos_max_distance: int = 128,
-        compat: str | None = None,
-        flag_fields: Sequence[int] = (2, 0, 1),
-        fused: bool = True,
-    ):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__()
-        if compat is not None and compat not in COMPAT_MODES:
-            raise ValueError(
-                f"compat={compat!r} is not known; expected None or one of {COMPAT_MODES}"
-            )
-        intermediate_dim = dim // 4 if intermediate_dim is None else intermediate_dim
-        mlp_dim = int(round(mlp_ratio * dim))
-        self._check_config(
-            n_fields,
-            dim,
-            depth,
-            heads,
-            intermediate_dim,
-            projection_dim,
-            groups,
-            mlp_dim,
-            n_spatial_max,
-            drop_path,
-            input_drop,
+        if len(args) == 1 and not kwargs and isinstance(args[0], WalrusConfig):
+            cfg = args[0]
+        else:
+            cfg = WalrusConfig(*args, **kwargs)
+        self.config = cfg
+        self.profile = profile = cfg.profile
+        dim, depth, heads, groups = cfg.dim, cfg.depth, cfg.heads, cfg.groups
+        inter = cfg.intermediate_dim
+        self.kernel_sizes, self.stride_options = cfg.kernel_sizes, cfg.stride_options
+        self.strides, self.target_latent, self.include_d = (
+            cfg.strides,
+            cfg.target_latent,
+            cfg.include_d,
         )
-        for name, kernel in (
-            ("temporal_kernel", temporal_kernel),
-            ("spatial_kernel", spatial_kernel),
-        ):
-            known = attention_module.KERNEL_NAMES
-            if kernel not in known:
-                raise ValueError(
-                    f"{name}={kernel!r} is not an attention kernel; expected one of {sorted(known)}"
-                )
-        self.kernel_sizes = tuple(int(k) for k in kernel_sizes)
-        self.stride_options = _pairs(stride_options, "stride_options")
-        if strides is not None:
-            strides = _pairs([strides] if isinstance(strides[0], int) else strides, "strides")
-        self.strides = strides
-        for s1, s2 in self.stride_options + (strides or ()):
-            if s1 > self.kernel_sizes[0] or s2 > self.kernel_sizes[1]:
-                raise ValueError(f"stride ({s1}, {s2}) exceeds kernel_sizes {self.kernel_sizes}")
-        self.target_latent = tuple(int(t) for t in target_latent)
-        if len(self.target_latent) != 3:
-            raise ValueError(
-                f"target_latent must give 3 values (1D, 2D, 3D), got {target_latent!r}"
-            )
-        self.include_d = tuple(sorted(int(d) for d in include_d))
-        if not self.include_d or not set(self.include_d) <= {1, 2, 3}:
-            raise ValueError(
-                f"include_d must be a non-empty subset of (1, 2, 3), got {include_d!r}"
-            )
-
-        self.dim, self.depth, self.heads, self.causal = dim, depth, heads, causal
+        self.dim, self.depth, self.heads, self.causal = dim, depth, heads, cfg.causal
         self.projection_dim, self.intermediate_dim, self.mlp_dim = (
-            projection_dim,
-            intermediate_dim,
-            mlp_dim,
+            cfg.projection_dim,
+            inter,
+            cfg.mlp_dim,
         )
-        self.n_spatial_max, self.jitter, self.groups = n_spatial_max, jitter, groups
-        self.latent_roll = latent_roll
-        current = compat == "walrus_current"
-        self.flag_fields = tuple(int(i) for i in flag_fields)
-        if current and (
-            len(self.flag_fields) != 3
-            or len(set(self.flag_fields)) != 3
-            or not all(0 <= i < n_fields for i in self.flag_fields)
-        ):
-            raise ValueError(
-                f"flag_fields must be 3 distinct vocabulary ids in [0, {n_fields}), "
-                f"got {flag_fields!r}"
-            )
-        self.layer_scale_init = None if current else layer_scale_init
+        self.n_spatial_max, self.jitter, self.groups = cfg.n_spatial_max, cfg.jitter, groups
+        self.latent_roll, self.flag_fields = cfg.latent_roll, cfg.flag_fields
+        self.layer_scale_init = cfg.layer_scale_init if profile.layer_scale else None
         self._draws: RecordedDraws | None = None
 
-        self.input_drop = nn.Dropout(input_drop)
-        if current:
+        norm_groups, eps = profile.norm_groups(groups), profile.norm_eps
+        self.input_drop = nn.Dropout(cfg.input_drop)
+        if profile.field_projection == "flag_channels":
             self.space_bag, self.patch_jitterer = None, None
             self.encoder_dummy = nn.Parameter(torch.ones(1))  # learned input scale
-            self.embed = nn.ModuleDict(
-                {
-                    str(d): FieldEncoder(
-                        n_fields, intermediate_dim, dim, self.kernel_sizes, groups, flag_fields
-                    )
-                    for d in self.include_d
-                }
-            )
         else:
             self.encoder_dummy = None
-            self.space_bag = FieldEmbedding(n_fields, projection_dim)
-            self.patch_jitterer = PatchJitterer(projection_dim)
-            self.embed = nn.ModuleDict(
-                {
-                    str(d): Encoder(
-                        projection_dim, intermediate_dim, dim, self.kernel_sizes, groups
-                    )
-                    for d in self.include_d
-                }
+            self.space_bag = FieldEmbedding(
+                cfg.n_fields, cfg.projection_dim, scale_bias=profile.embedding_scales_bias
             )
-        rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
+            self.patch_jitterer = PatchJitterer(cfg.projection_dim)
+        # one encoder/decoder set per included data dimensionality
+        self.embed = nn.ModuleDict({str(d): self._new_encoder() for d in self.include_d})
+        rates = [cfg.drop_path * i / max(depth - 1, 1) for i in range(depth)]
+        self.fused = cfg.fused
+        block_groups = norm_groups or dim
         self.blocks = nn.ModuleList(
             ProcessorBlock(
                 TemporalAttention(
                     dim,
                     heads,
-                    groups,
-                    causal=causal,
-                    kernel=temporal_kernel,
+                    block_groups,
+                    causal=cfg.causal,
+                    kernel=cfg.temporal_kernel,
                     drop_path=r,
                     layer_scale_init=self.layer_scale_init,
-                    rel_pos_buckets=rel_pos_buckets,
-                    rel_pos_max_distance=rel_pos_max_distance,
-                    fused=fused,
+                    norm_eps=eps,
+                    rel_pos_buckets=cfg.rel_pos_buckets,
+                    rel_pos_max_distance=cfg.rel_pos_max_distance,
                 ),
                 SpatialAttention(
                     dim,
                     heads,
-                    groups,
-                    mlp_dim,
-                    kernel=spatial_kernel,
+                    block_groups,
+                    self.mlp_dim,
+                    kernel=cfg.spatial_kernel,
                     drop_path=r,
                     layer_scale_init=self.layer_scale_init,
-                    fused=fused,
+                    norm_eps=eps,
                 ),
-                grad_checkpointing=grad_checkpointing,
+                grad_checkpointing=cfg.grad_checkpointing,
             )
             for r in rates
         )
-        self.debed = nn.ModuleDict(
-            {
-                str(d): Decoder(dim, intermediate_dim, n_fields, self.kernel_sizes, groups)
-                for d in self.include_d
-            }
-        )
-        self.rope = AxialRoPE(dim // heads, rope_max_freq)
+        self.debed = nn.ModuleDict({str(d): self._new_decoder() for d in self.include_d})
+        self.rope = AxialRoPE(dim // heads, cfg.rope_max_freq)
         self.initialize_weights()
-        self.compat = compat
-        if compat == "walrus_official":
-            self.space_bag.scale_bias = True
-        if compat is not None:
-            for m in self.modules():
-                if isinstance(m, RMSGroupNorm):
-                    m.use_official_statistics()
-            for dec in self.debed.values():
-                dec.kernel_reduce = "mean"
-                dec.periodic_wrap = current
 
-    @staticmethod
-    def _check_config(
-        n_fields,
-        dim,
-        depth,
-        heads,
-        inter,
-        proj,
-        groups,
-        mlp_dim,
-        n_spatial_max,
-        drop_path,
-        input_drop,
-    ):
-        for name, v in (
-            ("n_fields", n_fields),
-            ("dim", dim),
-            ("depth", depth),
-            ("heads", heads),
-            ("intermediate_dim", inter),
-            ("projection_dim", proj),
-            ("groups", groups),
-        ):
-            if int(v) < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if dim % heads:
-            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
-        head_dim = dim // heads
-        if head_dim % 2 or head_dim < 8:
-            raise ValueError(
-                f"head_dim = dim / heads = {head_dim} must be even and >= 8 (axial RoPE)"
-            )
-        for name, v in (("dim", dim), ("intermediate_dim", inter)):
-            if v % groups:
-                raise ValueError(f"{name} {v} is not divisible by groups {groups}")
-        if mlp_dim % 2:
-            raise ValueError(f"mlp_ratio * dim = {mlp_dim} must be even (SwiGLU halves it)")
-        if not 1 <= n_spatial_max <= 3:
-            raise ValueError(f"n_spatial_max must be 1, 2 or 3, got {n_spatial_max}")
-        if not 0.0 <= drop_path < 1.0 or not 0.0 <= input_drop < 1.0:
-            raise ValueError(
-                f"drop_path ({drop_path}) and input_drop ({input_drop}) must be in [0, 1)"
-            )
+    @property
+    def compat(self) -> str | None:
+        """Name of the numerics profile (the ``compat`` option)."""
+        return self.profile.name
 
     # ------------------------------------------------------------------ init and vocabulary
 
     @property
     def n_fields(self) -> int:
         """Vocabulary size."""
-        if self.space_bag is None:
-            return next(iter(self.embed.values())).proj1.in_channels
-        return self.space_bag.n_fields
+        return self.config.n_fields
 
     def num_params(self) -> int:
         """Number of parameters."""
@@ -365,22 +155,7 @@ class Walrus(nn.Module):
         """
         small = 0.02 / math.sqrt(2 * self.depth)
         for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02, a=-0.04, b=0.04)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, RMSGroupNorm | PatchJitterer) or hasattr(
-                m, "relative_attention_bias"
-            ):
-                m.reset_parameters()
-            elif isinstance(m, nn.Conv3d | nn.ConvTranspose3d):
-                fan_in = m.weight[0].numel() if isinstance(m, nn.Conv3d) else m.weight[:, 0].numel()
-                nn.init.normal_(m.weight, std=fan_in**-0.5)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+            _init_leaf(m)
         if self.space_bag is not None:
             nn.init.normal_(self.space_bag.linear.weight, std=self.n_fields**-0.5)
         if self.encoder_dummy is not None:
@@ -395,6 +170,85 @@ class Walrus(nn.Module):
         for dec in self.debed.values():
             nn.init.trunc_normal_(dec.proj2.weight, std=0.02, a=-0.04, b=0.04)
 
+    def _new_encoder(self) -> Encoder:
+        """A fresh (uninitialised) encoder for one data dimensionality."""
+        cfg = self.config
+        args = (cfg.intermediate_dim, cfg.dim, self.kernel_sizes)
+        groups, eps = self.profile.norm_groups(cfg.groups), self.profile.norm_eps
+        if self.space_bag is None:
+            return FieldEncoder(cfg.n_fields, *args, groups, eps, cfg.flag_fields)
+        return Encoder(cfg.projection_dim, *args, groups, eps)
+
+    def _new_decoder(self) -> Decoder:
+        """A fresh (uninitialised) decoder for one data dimensionality."""
+        cfg, profile = self.config, self.profile
+        return Decoder(
+            cfg.dim,
+            cfg.intermediate_dim,
+            cfg.n_fields,
+            self.kernel_sizes,
+            profile.norm_groups(cfg.groups),
+            profile.norm_eps,
+            kernel_reduce=profile.decoder_reduce,
+            periodic_wrap=profile.decoder_periodic_wrap,
+        )
+
+    def _unused_tie(self, key: int, plans: Sequence[AxisPlan]) -> Tensor | None:
+        """Zero times the sum of the parameters this forward leaves unused.
+
+        Added to the output in training, it gives those parameters a zero gradient (instead of
+        none) on every step: the other encoder/decoder sets, and the learned padding tokens
+        when every axis is periodic. DDP then needs no ``find_unused_parameters``. ``None``
+        when nothing is unused.
+        """
+        unused = [p for d in self.include_d if d != key for p in self.embed[str(d)].parameters()]
+        unused += [p for d in self.include_d if d != key for p in self.debed[str(d)].parameters()]
+        if self.patch_jitterer is not None and all(p.periodic for p in plans):
+            unused.append(self.patch_jitterer.padding_tokens)
+        unused = [p for p in unused if p.requires_grad]
+        if not unused:
+            return None
+        return torch.stack([p.sum().float() for p in unused]).sum() * 0.0  # ()
+
+    def encoder_key(self, n_dims: int) -> int | None:
+        """The included dimensionality whose encoder/decoder serve ``n_dims``-D data: the
+        smallest one ``>= n_dims`` (``None``: no set can)."""
+        return next((d for d in self.include_d if d >= n_dims), None)
+
+    @torch.no_grad()
+    def grow_dims(self, dims: Sequence[int]) -> list[int]:
+        """Add fresh encoder/decoder sets so data of every dimensionality in ``dims`` is served.
+
+        Only dimensionalities no existing set can serve (see :meth:`encoder_key`) get a new
+        set (the usual init, on the model's device and dtype); ``include_d`` grows with them
+        and the config records it. Parameters are added: rebuild the optimizer afterwards.
+
+        Returns:
+            The dimensionalities added (sorted; empty if none was needed).
+
+        Raises:
+            ValueError: a dimensionality outside 1-3 or above ``n_spatial_max``.
+        """
+        new = sorted({int(d) for d in dims if self.encoder_key(int(d)) is None})
+        if any(not 1 <= d <= self.n_spatial_max for d in new):
+            raise ValueError(
+                f"grow_dims: data dimensionalities must be in 1..{self.n_spatial_max}, got "
+                f"{sorted(set(dims))}"
+            )
+        if not new:
+            return []
+        ref = next(iter(self.embed.values())).proj1.weight
+        for d in new:
+            enc, dec = self._new_encoder(), self._new_decoder()
+            for m in [*enc.modules(), *dec.modules()]:
+                _init_leaf(m)
+            nn.init.trunc_normal_(dec.proj2.weight, std=0.02, a=-0.04, b=0.04)
+            self.embed[str(d)] = enc.to(ref)
+            self.debed[str(d)] = dec.to(ref)
+        self.include_d = tuple(sorted({*self.include_d, *new}))
+        self.config = self.config.replace(include_d=self.include_d)
+        return new
+
     @torch.no_grad()
     def resize_vocab(self, n_fields: int) -> None:
         """Grow the field vocabulary to ``n_fields`` keeping what the model knows.
@@ -402,7 +256,7 @@ class Walrus(nn.Module):
         Old embedding columns are kept (rescaled by ``sqrt(old / new)`` so that, with the
         ``sqrt(n_fields / C)`` factor, outputs on old fields are unchanged); old decoder rows and
         biases are kept as they are. New columns and rows get the usual init. Parameters are
-        replaced: rebuild the optimizer afterwards. With ``compat="walrus_current"`` the field
+        replaced: rebuild the optimizer afterwards. With the current official profile the field
         columns of every encoder's first conv grow instead; old columns are rescaled by
         ``sqrt((old - 3) / (new - 3))`` except the wall and open flag columns, which the
         official rescale leaves out.
@@ -421,7 +275,7 @@ class Walrus(nn.Module):
             lin = self.space_bag.linear
             w = lin.weight.new_empty(lin.out_features, n_fields).normal_(std=n_fields**-0.5)
             w[:, :old] = lin.weight * math.sqrt(old / n_fields)
-            if self.space_bag.scale_bias:  # compat: the rescale covers the bias too
+            if self.space_bag.scale_bias:  # legacy official: the rescale covers the bias too
                 lin.bias.mul_(math.sqrt(old / n_fields))
             lin.weight = nn.Parameter(w)
             lin.in_features = n_fields
@@ -434,6 +288,7 @@ class Walrus(nn.Module):
             b[:old] = p.bias
             p.weight, p.bias = nn.Parameter(w), nn.Parameter(b)
             p.out_channels = n_fields
+        self.config = self.config.replace(n_fields=n_fields)
 
     def _resize_field_encoders(self, old: int, n_fields: int) -> None:
         """:meth:`resize_vocab` for the current official layout's :class:`FieldEncoder` s."""
@@ -477,8 +332,8 @@ class Walrus(nn.Module):
 
     def set_fused(self, enabled: bool = True) -> None:
         """Switch the processor blocks between their fused and plain forward passes."""
-        for blk in self.blocks:
-            blk.time_mixing.fused = blk.space_mixing.fused = bool(enabled)
+        self.fused = bool(enabled)
+        self.config = self.config.replace(fused=self.fused)
 
     def set_grad_checkpointing(self, enabled: bool | Sequence[bool] = True) -> None:
         """Switch gradient checkpointing for all blocks, or per block with one flag each."""
@@ -561,9 +416,7 @@ class Walrus(nn.Module):
             )
         if self.strides is None:
             target = self.target_latent[len(active) - 1]
-            if self.compat is not None:
-                return official_strides(active, target)
-            return choose_strides(active, target, self.stride_options)
+            return self.profile.pick_strides(active, target, self.stride_options)
         if len(self.strides) == 1:
             per_axis = list(self.strides) * 3
         elif len(self.strides) >= n_sp:
@@ -596,21 +449,6 @@ class Walrus(nn.Module):
                 f"jitter generator must be a CPU torch.Generator, got one on {generator.device}"
             )
         return JitterDraws(generator)
-
-    def _shift(self, draws: JitterDraws, plan: AxisPlan, size: int, stride: tuple[int, int]) -> int:
-        """A random patch-grid shift for one strided axis.
-
-        Ours: less than half a patch. Current official layout: less than half the axis on a
-        periodic axis, less than its padding on the others (no draw for a patch of 1).
-        """
-        patch = stride[0] * stride[1]
-        if self.compat == "walrus_current":
-            if patch <= 1:
-                return 0
-            half = size // 2 if plan.periodic else plan.lo
-            return draws.randint(-(half - 1), half)
-        half = patch // 2
-        return draws.randint(-(half - 1), half) if half > 1 else 0
 
     def _block_ropes(
         self,
@@ -682,20 +520,23 @@ class Walrus(nn.Module):
         spatial = list(x.shape[3:])
         sizes = spatial + [1] * (3 - n_sp)
         active = [s > 1 for s in sizes]
-        n_key = sum(active) if self.compat is not None else n_sp
-        key = next((d for d in self.include_d if d >= n_key), None)
+        n_key = sum(active) if self.profile.encoder_by_active_axes else n_sp
+        key = self.encoder_key(n_key)
         if key is None:
-            raise ValueError(f"no encoder for {n_sp}-D data: include_d is {self.include_d}")
+            raise ValueError(
+                f"no encoder for {n_sp}-D data: include_d is {self.include_d} "
+                "(grow_dims adds sets; fine-tuning on such data does it)"
+            )
         strides = self._pick_strides(sizes, n_sp)
         draws = self._jitter_draws(jitter_seed, generator)
         act_axes = [i for i in range(3) if active[i]]
         plans = [
-            plan_axis(sizes[i], s, self.kernel_sizes, bc_list[i], self.jitter, 0, self.compat)
+            self.profile.plan_axis(sizes[i], s, self.kernel_sizes, bc_list[i], self.jitter, 0)
             for i, s in zip(act_axes, strides)
         ]
         if draws is not None:
             plans = [
-                replace(p, shift=self._shift(draws, p, sizes[i], s))
+                replace(p, shift=self.profile.jitter_shift(draws, p, sizes[i], s))
                 for i, p, s in zip(act_axes, plans, strides)
             ]
 
@@ -716,18 +557,33 @@ class Walrus(nn.Module):
         rope = self.rope.tables(tuple(grid), z.device, z.dtype)
         periodic = [i for i, p in zip(act_axes, plans) if p.periodic]
         ropes = self._block_ropes(rope, grid, periodic, draws)
-        if not torch.is_grad_enabled() and all(blk.inference_ready() for blk in self.blocks):
-            ws = InferenceWorkspace(z, self.heads, self.mlp_dim, compute_dtype(z))
-            for blk, r in zip(self.blocks, ropes):
-                blk.forward_inference(ws, r)  # z updated in place
-        else:
-            for blk, r in zip(self.blocks, ropes):
-                z = blk(z, r)  # (B, T, S, D)
+        z = run_processor(self.blocks, z, ropes, fused=self.fused)  # (B, T, S, D)
         if not self.causal:
             z = z[:, -1:]  # (B, 1, S, D)
         t_out = z.shape[1]
         z = z.reshape(b * t_out, *latent, self.dim).movedim(-1, 1)  # (B*T', D, *latent)
         periodic_axes = [p.periodic for p in plans]
         y = self.debed[str(key)](z, fields, active, strides, periodic_axes)  # (B*T', C, *padded)
+        tie = self._unused_tie(key, plans) if self.training and torch.is_grad_enabled() else None
+        if tie is not None:
+            y = y + tie.to(y.dtype)
         y = PatchJitterer.unjitter(y, plans)  # (B*T', C, *sp)
         return y.reshape(b, t_out, c, *spatial)
+
+
+def _init_leaf(m: nn.Module) -> None:
+    """The generic init of one module (see :meth:`Walrus.initialize_weights`)."""
+    if isinstance(m, nn.Linear):
+        nn.init.trunc_normal_(m.weight, std=0.02, a=-0.04, b=0.04)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+    elif isinstance(m, RMSGroupNorm | PatchJitterer) or hasattr(m, "relative_attention_bias"):
+        m.reset_parameters()
+    elif isinstance(m, nn.Conv3d | nn.ConvTranspose3d):
+        fan_in = m.weight[0].numel() if isinstance(m, nn.Conv3d) else m.weight[:, 0].numel()
+        nn.init.normal_(m.weight, std=fan_in**-0.5)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)

@@ -1,9 +1,12 @@
-"""Stochastic depth (drop path): drop a whole residual branch per sample in training."""
+"""Stochastic depth (drop path): the per-sample mask that drops a whole residual branch.
+
+Applied together with the layer scale by :func:`walrus.nn.layer_scale.scaled_residual`.
+"""
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 
 def drop_path_mask(
@@ -17,19 +20,3 @@ def drop_path_mask(
     keep = 1.0 - p
     mask = torch.empty((batch,) + (1,) * (ndim - 1), device=device, dtype=dtype).bernoulli_(keep)
     return mask.div_(keep)
-
-
-class DropPath(nn.Module):
-    """Zero a sample's branch with probability ``p`` in training; identity in eval."""
-
-    def __init__(self, p: float = 0.0):
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"drop path probability must be in [0, 1), got {p}")
-        self.p = p
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``x`` ``(B, ...)`` -> same shape."""
-        if not self.training or self.p == 0.0:
-            return x
-        return x * drop_path_mask(x.shape[0], self.p, x.ndim, x.device, x.dtype)

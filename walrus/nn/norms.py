@@ -3,6 +3,10 @@
 Like GroupNorm without mean subtraction: channels split into ``groups`` and each group is
 scaled by the root mean square over its channels *and* all spatial positions of one sample
 (one frame). Weight only, no bias.
+
+The official Walrus "RMSGroupNorm" is this norm with one group per channel (``groups=dim``)
+and eps ``torch.finfo(float32).eps`` (it ignores its eps argument; the statistic here is fp32):
+the official profiles (:mod:`walrus.model.profile`) construct it so.
 """
 
 from __future__ import annotations
@@ -36,16 +40,6 @@ class RMSGroupNorm(nn.Module):
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
-
-    def use_official_statistics(self) -> None:
-        """Switch to the official Walrus "RMSGroupNorm" numerics (``compat="walrus_official"``).
-
-        The official norm takes the RMS of each channel over the tokens alone (its groups have
-        no effect) and ignores its eps argument, using ``torch.finfo(dtype).eps`` instead; the
-        statistic here is computed in fp32, so that eps is ``finfo(float32).eps``.
-        """
-        self.groups = self.dim
-        self.eps = torch.finfo(torch.float32).eps
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalise ``x`` (``(..., S, C)`` or ``(N, C, *spatial)``); same shape out."""

@@ -1,4 +1,4 @@
-"""Training callbacks: exact RNG resume and a per-rank audit of data and weights."""
+"""Training callbacks: exact resume (RNG, data position) and a per-rank audit of data and weights."""
 
 from __future__ import annotations
 
@@ -56,8 +56,10 @@ def _to_tuples(x: Any) -> Any:
 class RNGStateCallback(pl.Callback):
     """Saves the RNG states in checkpoints and restores them when training resumes.
 
-    The states are applied at the start of the first training epoch after a resume, the point
-    an uninterrupted run would be at, so sanity-check validation cannot shift them.
+    The states are applied where an uninterrupted run would be: at the start of the first
+    training epoch after a resume at an epoch boundary, or before the first training batch after
+    a resume mid-epoch (Lightning calls no epoch-start hook then), so sanity-check validation
+    cannot shift them.
     """
 
     def __init__(self) -> None:
@@ -69,10 +71,38 @@ class RNGStateCallback(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _restore(self) -> None:
         if self._pending is not None:
             restore_rng(self._pending)
             self._pending = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._restore()
+
+
+class DataPositionCallback(pl.Callback):
+    """Makes a mid-epoch resume continue the epoch's batch order where the checkpoint left it.
+
+    Lightning restores a stateful training loader (``state_dict`` / ``load_state_dict``, e.g.
+    :class:`~walrus.data.sampler.ResumableDataLoader`) only when it builds the loader after the
+    checkpoint is read; a learning-rate schedule that asks for
+    ``trainer.estimated_stepping_batches`` builds it before, and the saved position is then
+    ignored. This callback applies the position when training starts and starts a fresh
+    iterator over the loader.
+    """
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loop = trainer.fit_loop
+        if not (loop.restarting and loop._combined_loader_states_to_load):
+            return
+        loop._load_combined_loader_states()
+        if loop._data_fetcher is not None:
+            iter(loop._data_fetcher)  # the next batch is the first one not yet trained on
 
 
 class RankAudit(pl.Callback):

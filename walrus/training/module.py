@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import inspect
+import math
 import time
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import grad_norm
 from torch import Tensor, nn
 
 from walrus import metrics
 from walrus.data.batch import Batch
 from walrus.data.normalization import RMSNormalizer
 from walrus.errors import NonFiniteLossError
-from walrus.forecast import rollout
+from walrus.model.compile import compile_model
+from walrus.rollout import rollout
+from walrus.training.budget import TimeBudget
 from walrus.training.losses import LOSSES, normalized_loss
 from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_groups
 
+_NO_STEP = 2**62  # "no bad step yet" in the device-side flag
+_MAX_UNCHECKED = 1000  # steps between non-finite checks when logging is off
 ROLLOUT_MODES = ("one_step", "pushforward", "unrolled")
 NOISE_UNITS = ("input_rms", "delta_rms")
 LOSS_WEIGHTINGS = ("none", "delta_rms")
@@ -30,7 +35,8 @@ class WalrusModule(pl.LightningModule):
         model: a module called as ``model(x, fields, bcs)`` returning ``(B, T', C, *spatial)``.
         optimizer: ``partial(torch.optim.AdamW, lr=...)``; it receives parameter groups.
         lr_scheduler: ``partial(WarmupCosine, ...)``; ``total_steps`` defaults to the trainer's
-            estimate. ``None`` keeps the learning rate fixed.
+            estimate, and a ``TimeBudget`` callback (``trainer.max_time``) is passed as
+            ``time_fraction`` when the scheduler takes one. ``None`` keeps the learning rate fixed.
         weight_decay: applied to matrices only (not norms, biases, embeddings).
         loss: ``"mae"`` or ``"mse"``, in normalised space.
         loss_multiplier: scales the loss (the Walrus recipe uses one).
@@ -56,9 +62,9 @@ class WalrusModule(pl.LightningModule):
             ``delta_scale / RMS(window deltas)``, i.e. measure it in units of the window's
             frame-to-frame change whatever the normaliser's delta unit (with
             ``RMSNormalizer(delta="state")`` slow and fast windows then count alike).
-        compile: ``torch.compile`` each processor block in place (where the compute is; the
-            state dict keeps its keys). Compiling the whole model is not supported: inductor
-            mis-handles the encoder/jitter views and the inference workspace's ``out=`` writes.
+        compile: ``torch.compile`` in place (the state dict keeps its keys): ``false``,
+            ``"blocks"`` (each processor block; ``true`` means this) or ``"model"`` (the whole
+            forward, see :mod:`walrus.model.compile`).
         model_config: the model's resolved config, stored in checkpoints.
         vocab: the field vocabulary as a dict, stored in checkpoints.
         data_config: the resolved data config, stored so inference can default to it.
@@ -82,7 +88,7 @@ class WalrusModule(pl.LightningModule):
         rollout_steps: int = 1,
         rollout_curriculum: float = 0.0,
         loss_weighting: str = "none",
-        compile: bool = False,
+        compile: bool | str = False,
         model_config: dict[str, Any] | None = None,
         vocab: dict[str, Any] | None = None,
         data_config: dict[str, Any] | None = None,
@@ -132,13 +138,24 @@ class WalrusModule(pl.LightningModule):
         self.model_config = model_config or {}
         self.vocab = vocab or {}
         self.data_config = data_config or {}
-        if compile:
-            for block in model.blocks:
-                block.compile()
+        self.compile_mode = compile_model(model, compile, "module.compile")
         self._step_start = time.perf_counter()
+        # Non-finite loss tracking: first bad global step and its loss, on the loss's device
+        # (read at checks only), and the host-side facts of the steps since the last check.
+        self._first_bad: Tensor | None = None
+        self._bad_loss: Tensor | None = None
+        self._unchecked: dict[int, tuple[int, dict[str, Any]]] = {}
 
     def forward(self, x: Tensor, fields: Tensor, bcs: Tensor) -> Tensor:
         return self.model(x, fields, bcs)
+
+    def configure_model(self) -> None:
+        """Shard the model (FSDP2) under a ``ModelParallelStrategy`` such as ``trainer=fsdp``;
+        under any other strategy there is no device mesh and nothing happens."""
+        if self.device_mesh is not None:
+            from walrus.training.sharding import shard_model
+
+            shard_model(self.model, self.device_mesh)
 
     def _noise(self, x: Tensor, scale: Tensor) -> Tensor:
         """Gaussian noise of ``input_noise`` units for a window ``x`` ``(B, T, C, *S)``.
@@ -199,9 +216,7 @@ class WalrusModule(pl.LightningModule):
 
     def _next_frame(self, window: Tensor, pred: Tensor, stats: Any) -> Tensor:
         """The physical frame after ``window`` from the model's last output ``(B, 1, C, *S)``."""
-        if self.predict_delta:
-            return window[:, -1:] + stats.denormalize_delta(pred)  # (B, 1, C, *S)
-        return stats.denormalize(pred)
+        return stats.next_frame(window[:, -1:], pred, self.predict_delta)  # (B, 1, C, *S)
 
     def unroll_steps(self) -> int:
         """The unroll length ``k`` at the current global step (curriculum applied)."""
@@ -243,13 +258,9 @@ class WalrusModule(pl.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self._rollout_loss(batch)
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"training loss became {loss.item()} at global step {self.global_step} "
-                f"(batch {batch_idx}, dataset {batch.metadata.get('dataset')!r}, trajectories "
-                f"{_as_list(batch.metadata.get('trajectory'))}, starts "
-                f"{_as_list(batch.metadata.get('start'))}); the last good checkpoint is kept"
-            )
+        self._note_loss(loss, batch, batch_idx)
+        if self._logs_this_step() or len(self._unchecked) >= _MAX_UNCHECKED:
+            self.check_finite_loss()
         now = time.perf_counter()
         rate = batch.batch_size / max(now - self._step_start, 1e-9)
         self._step_start = now
@@ -259,10 +270,64 @@ class WalrusModule(pl.LightningModule):
             self.log("train/unroll_steps", float(self.unroll_steps()), batch_size=batch.batch_size)
         return loss
 
+    def _logs_this_step(self) -> bool:
+        """Whether Lightning logs this optimizer step (every ``trainer.log_every_n_steps``;
+        never without a trainer)."""
+        every = self.trainer.log_every_n_steps if self._trainer is not None else 0
+        return every > 0 and (self.global_step + 1) % every == 0
+
+    def _note_loss(self, loss: Tensor, batch: Batch, batch_idx: int) -> None:
+        """Record, on the device (no host sync), the first step whose loss is not finite."""
+        if self._first_bad is None or self._first_bad.device != loss.device:
+            self._first_bad = torch.full((), _NO_STEP, dtype=torch.long, device=loss.device)
+            self._bad_loss = torch.zeros((), dtype=torch.float32, device=loss.device)
+        first = ~torch.isfinite(loss.detach()) & (self._first_bad == _NO_STEP)  # () bool
+        self._first_bad = torch.where(first, self.global_step, self._first_bad)
+        self._bad_loss = torch.where(first, loss.detach().float(), self._bad_loss)
+        self._unchecked[self.global_step] = (batch_idx, batch.metadata)
+
+    def check_finite_loss(self) -> None:
+        """Raise if a training loss since the last check was NaN or Inf (one host sync).
+
+        Called at logging steps, before every checkpoint save and at the end of training, so a
+        saved checkpoint never follows a bad step. Under DDP every rank takes part (the first
+        bad step over all ranks is reported).
+
+        Raises:
+            NonFiniteLossError: naming the first bad global step, its batch and samples.
+        """
+        if self._first_bad is None:
+            return
+        flag = torch.stack([self._first_bad.float(), self._bad_loss])  # (2,)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            step = self._first_bad.clone()
+            torch.distributed.all_reduce(step, op=torch.distributed.ReduceOp.MIN)
+            flag[0] = step.float()
+        step, value = (float(v) for v in flag.tolist())
+        if step >= _NO_STEP:
+            self._unchecked.clear()
+            return
+        step = int(step)
+        where = "another rank's batch"
+        if step in self._unchecked:
+            batch_idx, meta = self._unchecked[step]
+            where = (
+                f"batch {batch_idx}, dataset {meta.get('dataset')!r}, trajectories "
+                f"{_as_list(meta.get('trajectory'))}, starts {_as_list(meta.get('start'))}"
+            )
+        raise NonFiniteLossError(
+            f"training loss became {value if step == int(self._first_bad) else 'non-finite'} at "
+            f"global step {step} ({where}); the last good checkpoint is kept"
+        )
+
+    def on_train_end(self) -> None:
+        self.check_finite_loss()
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        norms = grad_norm(self.model, norm_type=2)
-        if "grad_2.0_norm_total" in norms:
-            self.log("train/grad_norm", norms["grad_2.0_norm_total"])
+        if self._logs_this_step():
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            if grads:
+                self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads))
         self.log("train/lr", optimizer.param_groups[0]["lr"])
 
     def validation_step(self, batch: Batch, batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -277,9 +342,7 @@ class WalrusModule(pl.LightningModule):
         last = batch.input_fields[:, -1:].float()  # (B, 1, C, *S)
         truth = batch.output_fields[:, 0].float()  # (B, C, *S)
         step = pred[:, -1:].float()  # (B, 1, C, *S)
-        nxt = (
-            last + stats.denormalize_delta(step) if self.predict_delta else stats.denormalize(step)
-        )
+        nxt = stats.next_frame(last, step, self.predict_delta)  # (B, 1, C, *S)
         nxt, last = nxt[:, 0], last[:, 0]  # (B, C, *S)
         model_err = metrics.vrmse(nxt, truth, n_spatial=n_sp)  # (B, C)
         persist_err = metrics.vrmse(last, truth, n_spatial=n_sp)  # (B, C)
@@ -289,7 +352,7 @@ class WalrusModule(pl.LightningModule):
         self.log(
             "val/vrmse_persistence", persist_err.mean(), batch_size=b, add_dataloader_idx=False
         )
-        names = _field_names(batch)
+        names = batch.channel_names() or [str(i) for i in batch.field_ids.tolist()]
         dataset = batch.metadata.get("dataset", "data")
         for c, name in enumerate(names):
             self.log(
@@ -325,9 +388,16 @@ class WalrusModule(pl.LightningModule):
         optimizer = self.optimizer_factory(param_groups(self.model, self.weight_decay))
         if self.scheduler_factory is None:
             return optimizer
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if "total_steps" not in getattr(self.scheduler_factory, "keywords", {}):
-            kwargs["total_steps"] = max(int(self.trainer.estimated_stepping_batches), 1)
+            total = self.trainer.estimated_stepping_batches
+            kwargs["total_steps"] = max(int(total), 1) if math.isfinite(total) else None
+        budget = next((c for c in self.trainer.callbacks if isinstance(c, TimeBudget)), None)
+        if (
+            budget is not None
+            and "time_fraction" in inspect.signature(self.scheduler_factory).parameters
+        ):
+            kwargs["time_fraction"] = budget.fraction
         scheduler = self.scheduler_factory(optimizer, **kwargs)
         return {
             "optimizer": optimizer,
@@ -336,6 +406,8 @@ class WalrusModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from walrus.checkpoint import CHECKPOINT_FORMAT
+
+        self.check_finite_loss()  # never save weights a non-finite step has touched
 
         checkpoint["walrus"] = {
             "format": CHECKPOINT_FORMAT,
@@ -356,11 +428,3 @@ def _delta_rms(x: Tensor) -> Tensor:
 
 def _as_list(value: Any) -> Any:
     return value.tolist() if isinstance(value, Tensor) else value
-
-
-def _field_names(batch: Batch) -> list[str]:
-    names = batch.metadata.get("field_names")
-    c = batch.input_fields.shape[2]
-    if not names:
-        return [str(i) for i in batch.field_ids.tolist()]
-    return list(names)[:c]

@@ -38,42 +38,86 @@ def param_groups(
 class WarmupCosine(LRScheduler):
     """Linear warmup from ``warmup_start`` × lr to lr, then cosine decay to ``min_ratio`` × lr.
 
+    The schedule follows the run's progress ``p`` in ``[0, 1]``: ``step / total_steps``, or, with
+    ``time_fraction`` (the share of a wall-clock budget used, see ``TimeBudget``), whichever of the
+    two is further along, so the lr reaches its floor when the first budget runs out.
+
     Args:
         optimizer: the optimiser whose groups' initial lr is the peak.
-        total_steps: steps of the whole run (warmup included).
-        warmup_steps: linear warmup length; a float in (0, 1) is a fraction of ``total_steps``.
+        total_steps: steps of the whole run (warmup included); ``None`` when only
+            ``time_fraction`` bounds the run.
+        warmup_steps: linear warmup length; a float in (0, 1) is a fraction of the run.
         min_ratio: final lr as a fraction of the peak.
         warmup_start: first lr as a fraction of the peak.
+        time_fraction: returns the share of the time budget used, or ``None`` for no budget.
     """
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        total_steps: int,
+        total_steps: int | None,
         warmup_steps: float = 0.05,
         min_ratio: float = 0.01,
         warmup_start: float = 0.01,
         last_epoch: int = -1,
+        time_fraction: Callable[[], float] | None = None,
     ) -> None:
-        if total_steps < 1:
+        fractional = 0 < warmup_steps < 1
+        if total_steps is None:
+            if time_fraction is None:
+                raise ValueError(
+                    "the run has no end: set trainer.max_steps, trainer.max_epochs or "
+                    "trainer.max_time"
+                )
+            if warmup_steps and not fractional:
+                raise ValueError(
+                    "lr_scheduler.warmup_steps must be a fraction in [0, 1) when only "
+                    f"trainer.max_time bounds the run, got {warmup_steps}"
+                )
+        elif total_steps < 1:
             raise ValueError(f"lr_scheduler.total_steps must be >= 1, got {total_steps}")
-        self.total_steps = int(total_steps)
-        w = warmup_steps * total_steps if 0 < warmup_steps < 1 else warmup_steps
-        self.warmup_steps = int(min(max(w, 0), total_steps))
+        self.total_steps = None if total_steps is None else int(total_steps)
+        if fractional or total_steps is None:
+            self.warmup_fraction = float(warmup_steps)
+        else:
+            self.warmup_fraction = min(max(warmup_steps, 0), total_steps) / total_steps
+        self.warmup_steps = (
+            None if total_steps is None else int(self.warmup_fraction * total_steps + 1e-9)
+        )
         self.min_ratio = min_ratio
         self.warmup_start = warmup_start
+        self.time_fraction = time_fraction
         super().__init__(optimizer, last_epoch)
 
+    def progress(self, step: int) -> float:
+        """The run's progress in ``[0, 1]`` at ``step`` (and now, for a time budget)."""
+        p = 0.0 if self.total_steps is None else step / self.total_steps
+        if self.time_fraction is not None:
+            p = max(p, self.time_fraction())
+        return min(p, 1.0)
+
     def factor(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.warmup_start + (1 - self.warmup_start) * step / self.warmup_steps
-        span = max(self.total_steps - self.warmup_steps, 1)
-        progress = min((step - self.warmup_steps) / span, 1.0)
+        p, w = self.progress(step), self.warmup_fraction
+        if p < w:
+            return self.warmup_start + (1 - self.warmup_start) * p / w
+        progress = (p - w) / (1 - w) if w < 1 else 0.0
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     def get_lr(self) -> list[float]:
         f = self.factor(self.last_epoch)
         return [base * f for base in self.base_lrs]
+
+    def state_dict(self) -> dict:
+        """The scheduler's state without ``time_fraction`` (a callable: the budget callback
+        saves and restores the clock)."""
+        state = super().state_dict()
+        state.pop("time_fraction", None)
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        time_fraction = self.time_fraction
+        super().load_state_dict(state_dict)
+        self.time_fraction = time_fraction
 
 
 OptimizerFactory = Callable[[list[dict]], torch.optim.Optimizer]

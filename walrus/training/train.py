@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
-from walrus.atomic import write_text_atomic
+from walrus.atomic import remove_stale_temp_files, write_text_atomic
 from walrus.checkpoint import (
     AtomicCheckpointIO,
     build_model,
@@ -20,11 +26,18 @@ from walrus.checkpoint import (
     model_state_dict,
     walrus_meta,
 )
+from walrus.data.datamodule import resolve_data_root
 from walrus.data.normalization import ZScoreNormalizer, build_normalizer
 from walrus.data.vocab import FieldVocabulary
-from walrus.training.callbacks import RNGStateCallback
+from walrus.errors import TrainingInterrupted
+from walrus.model.config import WalrusConfig
+from walrus.options import check_option_types
+from walrus.training.budget import TimeBudget
+from walrus.training.callbacks import DataPositionCallback, RNGStateCallback
+from walrus.training.checkpointing import LastCheckpoint
 
 FREEZE_OPTIONS = (None, "processor")
+CKPT_CONNECTOR_LOGGER = "lightning.pytorch.trainer.connectors.checkpoint_connector"
 
 
 def _source_checkpoint(cfg: DictConfig) -> tuple[dict | None, dict | None, str | None]:
@@ -50,10 +63,32 @@ def _model_config(cfg: DictConfig, meta: dict | None) -> dict[str, Any]:
         return model_cfg
     saved = dict(meta["model_config"])
     # Architecture comes from the checkpoint; run-time knobs may follow the current config.
-    for knob in ("grad_checkpointing", "drop_path", "temporal_kernel", "spatial_kernel", "jitter"):
+    for knob in WalrusConfig.RUNTIME_OPTIONS:
         if knob in model_cfg:
             saved[knob] = model_cfg[knob]
     return saved
+
+
+def _record_model(cfg: DictConfig, out_dir: Path, actual: WalrusConfig, source: str) -> None:
+    """With a source checkpoint, the architecture is the checkpoint's: rewrite ``config.yaml``
+    with the model that actually runs, and say which requested ``model`` options are ignored."""
+    requested = OmegaConf.to_container(cfg.model, resolve=True)
+    runs = actual.to_dict()
+    with contextlib.suppress(ValueError):  # else compared as given; ignored either way
+        requested = WalrusConfig.from_dict({**requested, "n_fields": actual.n_fields}).to_dict()
+    ignored = [
+        f"{k}={requested[k]!r} (checkpoint: {runs[k]!r})"
+        for k in sorted(set(requested) & set(runs))
+        if k not in (*WalrusConfig.RUNTIME_OPTIONS, "n_fields") and requested[k] != runs[k]
+    ]
+    if ignored:
+        rank_zero_info(
+            f"note: the architecture comes from {source}; these model options were ignored: "
+            f"{', '.join(ignored)} (config.yaml records the model that runs)"
+        )
+    recorded = OmegaConf.to_container(cfg, resolve=True)
+    recorded["model"] = runs
+    write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(recorded)))
 
 
 def _merged_stats(datamodule: Any) -> dict[str, dict[str, float]]:
@@ -74,6 +109,58 @@ def _freeze(model: torch.nn.Module, what: str | None) -> None:
             p.requires_grad_(False)
 
 
+class _DropLightningChatter(logging.Filter):
+    """Drops Lightning's advertising and internal notes a user can do nothing about."""
+
+    PATTERNS = ("litlogger", "`weights_only` was not set")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(p in record.getMessage() for p in self.PATTERNS)
+
+
+_CHATTER = _DropLightningChatter()
+
+
+def _quiet_lightning() -> None:
+    for name in ("lightning.pytorch.utilities.rank_zero", CKPT_CONNECTOR_LOGGER):
+        logging.getLogger(name).addFilter(_CHATTER)  # a filter is added once
+    # Lightning's warning; _report_missing_best says it in our words
+    warnings.filterwarnings("ignore", message=r".*ModelCheckpoint\(monitor=.*could not find")
+
+
+def _report_missing_best(trainer: pl.Trainer) -> None:
+    """Says in one line why a monitoring checkpoint callback wrote no ``best-*.ckpt``."""
+    for cb in trainer.checkpoint_callbacks:
+        monitor = getattr(cb, "monitor", None)
+        if monitor and not getattr(cb, "best_model_path", "") and trainer.is_global_zero:
+            rank_zero_info(
+                f"No {monitor} was logged (no validation ran), so no best-*.ckpt was written; "
+                "checkpoints/last.ckpt holds the final weights."
+            )
+
+
+CHECKED_GROUPS = ("data", "module", "optimizer", "lr_scheduler", "trainer", "callbacks", "logger")
+
+
+def _check_types(cfg: DictConfig) -> None:
+    """Options of the wrong kind are a one-line error naming them, before anything is built."""
+    if isinstance(cfg.get("seed"), bool) or not isinstance(cfg.get("seed"), int):
+        raise ValueError(f"option seed must be an int, got {cfg.get('seed')!r}")
+    for group in CHECKED_GROUPS:
+        check_option_types(cfg.get(group), group)
+
+
+def _output_dir(cfg: DictConfig) -> Path:
+    """The run directory: Hydra's run directory, or ``paths.output_dir`` when given."""
+    try:
+        return Path(cfg.paths.output_dir)
+    except InterpolationResolutionError:
+        raise ValueError(
+            "paths.output_dir is Hydra's run directory, and this config was not composed by a "
+            "Hydra run: pass paths.output_dir=DIR"
+        ) from None
+
+
 def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """Train (or fine-tune, or resume) a model as ``cfg`` describes.
 
@@ -81,13 +168,19 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         ``(metrics, objects)``: the final logged metrics as floats, and the ``trainer``,
         ``module``, ``datamodule`` and ``output_dir`` used.
     """
+    _quiet_lightning()
+    out_dir = _output_dir(cfg)
+    _check_types(cfg)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for folder in (out_dir, out_dir / "checkpoints"):  # left by a run killed mid-write
+        remove_stale_temp_files(folder)
     write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
     ckpt, meta, source = _source_checkpoint(cfg)
     base_vocab = FieldVocabulary.from_dict(meta["vocab"]) if meta else None
+    # warns when the old option data.root overrides paths.data_dir
+    resolve_data_root(OmegaConf.select(cfg, "paths.data_dir"), OmegaConf.select(cfg, "data.root"))
     datamodule = instantiate(cfg.data, base_vocab=base_vocab)
     datamodule.prepare_data()
     vocab = datamodule.vocab
@@ -95,17 +188,33 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     model_cfg = _model_config(cfg, meta)
     if meta is None:
         model_cfg["n_fields"] = max(int(model_cfg.get("n_fields", 0)), len(vocab))
-    model = build_model(model_cfg)
+        # one encoder/decoder set per data dimensionality, unless the config fixes them
+        model_cfg.setdefault("include_d", datamodule.spatial_dims)
+    try:
+        model = build_model(model_cfg)
+    except ValueError as e:
+        raise ValueError(f"checkpoint {source}: {e}" if source else str(e)) from None
     if cfg.get("init_from"):
         load_weights_strict(model, model_state_dict(ckpt), source)
         if len(vocab) > model_cfg["n_fields"]:
             model.resize_vocab(len(vocab))
             model_cfg["n_fields"] = len(vocab)
+        model.grow_dims(datamodule.spatial_dims)  # fresh sets for new data dimensionalities
+    elif cfg.get("ckpt_path") and any(
+        model.encoder_key(d) is None for d in datamodule.spatial_dims
+    ):
+        raise ValueError(
+            f"cannot resume from {source}: this run's data has {datamodule.spatial_dims}-D "
+            f"datasets and the model has encoders for {list(model.include_d)}-D data only; "
+            "fine-tune with init_from= to add them"
+        )
     elif cfg.get("ckpt_path") and meta["vocab"] != vocab.to_dict():
         raise ValueError(
             f"cannot resume from {source}: its field vocabulary differs from this run's data; "
             "resume with the same data config, or fine-tune with init_from="
         )
+    if source:
+        _record_model(cfg, out_dir, model.config, source)
     _freeze(model, cfg.finetune.get("freeze") if cfg.get("finetune") else None)
 
     extra = {}
@@ -119,22 +228,43 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         model=model,
         optimizer=instantiate(cfg.optimizer),
         lr_scheduler=instantiate(cfg.lr_scheduler) if cfg.get("lr_scheduler") else None,
-        model_config=model_cfg,
+        model_config=model.config.to_dict(),  # validated plain data
         vocab=vocab.to_dict(),
         data_config=OmegaConf.to_container(cfg.data, resolve=True),
     )
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    if not any(isinstance(c, RNGStateCallback) for c in callbacks):
-        callbacks.append(RNGStateCallback())
+    for required in (RNGStateCallback, DataPositionCallback):  # exact resume
+        if not any(isinstance(c, required) for c in callbacks):
+            callbacks.append(required())
+    last = next((c for c in callbacks if isinstance(c, LastCheckpoint)), None)
+    if last is None:  # the final state is always saved
+        last = LastCheckpoint(out_dir / "checkpoints")
+        callbacks.append(last)
+    max_time = cfg.trainer.get("max_time")
+    if max_time is not None and not any(isinstance(c, TimeBudget) for c in callbacks):
+        callbacks.append(TimeBudget(max_time))  # replaces Lightning's Timer
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: pl.Trainer = instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[AtomicCheckpointIO()],
+        max_time=None,
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except SIGTERMException:
+        raise TrainingInterrupted(trainer.global_step, str(last.path)) from None
+
+    _report_missing_best(trainer)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    if trainer.is_global_zero:
-        write_text_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True))
+    metrics_path = out_dir / "metrics.json"
+    if not metrics and metrics_path.is_file():
+        # nothing ran (e.g. resuming a finished run): keep the last good metrics
+        metrics = json.loads(metrics_path.read_text())
+    elif trainer.is_global_zero:
+        write_text_atomic(metrics_path, json.dumps(metrics, indent=2, sort_keys=True))
     objects = {
         "trainer": trainer,
         "module": module,

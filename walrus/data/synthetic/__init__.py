@@ -17,6 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from walrus.data.synthetic import advection_diffusion, gray_scott, navier_stokes, shallow_water
 from walrus.data.synthetic.common import Simulation, System
+from walrus.data.well_file import SPLITS
 from walrus.data.writer import write_well_file
 
 SYSTEMS: dict[str, System] = {
@@ -62,8 +63,6 @@ SYSTEMS: dict[str, System] = {
 }
 # extra regimes a user can ask for by name
 EXTRA_REGIMES = {"navier_stokes_2d": {"kolmogorov": navier_stokes.REGIMES["kolmogorov"]}}
-
-SPLITS = ("train", "valid", "test")
 
 
 def split_counts(n_traj: int | Sequence[int]) -> dict[str, int]:

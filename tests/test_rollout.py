@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from walrus.data.batch import Batch
 from walrus.data.normalization import RMSNormalizer
 from walrus.errors import RolloutDivergedError
-from walrus.forecast import predict_next, rollout
+from walrus.rollout import predict_next, rollout
 
 
 class ZeroModel(nn.Module):
@@ -246,6 +246,19 @@ def test_bad_inputs() -> None:
     assert list(rollout(ZeroModel(), batch, 0)) == []
 
 
+def test_channel_names_from_argument_or_metadata() -> None:
+    batch = make_batch()
+    n = batch.input_fields.shape[2]
+    assert batch.channel_names() == [f"f{i}" for i in range(n)]
+    batch.metadata.pop("field_names")
+    assert batch.channel_names() is None
+    assert batch.channel_names([f"c{i}" for i in range(n)]) == [f"c{i}" for i in range(n)]
+    batch.metadata["field_names"] = tuple(f"m{i}" for i in range(n))
+    assert batch.channel_names() == [f"m{i}" for i in range(n)]
+    with pytest.raises(ValueError, match=f"got 1 field names \\['a'\\] for {n} channels"):
+        batch.channel_names(["a"])
+
+
 class SeedNoiseModel(nn.Module):
     """Zero delta plus a small perturbation drawn from the jitter seed (a stand-in for jitter)."""
 
@@ -260,7 +273,7 @@ def _ens_batch() -> Batch:
 
 
 def test_ensemble_mean_and_spread_are_those_of_the_member_rollouts():
-    from walrus.forecast import MEMBER_SEED_STRIDE, ensemble_rollout
+    from walrus.rollout import MEMBER_SEED_STRIDE, ensemble_rollout
 
     model, batch = SeedNoiseModel(), _ens_batch()
     out = list(ensemble_rollout(model, batch, 4, members=3, jitter_seed=7))
@@ -281,8 +294,8 @@ def test_ensemble_mean_and_spread_are_those_of_the_member_rollouts():
 
 
 def test_ensemble_of_a_jittered_walrus_spreads_and_is_reproducible():
-    from walrus.forecast import ensemble_rollout
     from walrus.model.walrus import Walrus
+    from walrus.rollout import ensemble_rollout
 
     torch.manual_seed(0)
     model = Walrus(4, 32, 1, 2, projection_dim=8, intermediate_dim=16, groups=4, jitter=True)
@@ -301,7 +314,7 @@ def test_ensemble_of_a_jittered_walrus_spreads_and_is_reproducible():
     [({"members": 0, "jitter_seed": 1}, "members"), ({"members": 2, "jitter_seed": None}, "seed")],
 )
 def test_ensemble_bad_arguments(kwargs, match):
-    from walrus.forecast import ensemble_rollout
+    from walrus.rollout import ensemble_rollout
 
     with pytest.raises(ValueError, match=match):
         next(ensemble_rollout(ZeroModel(), _ens_batch(), 1, **kwargs))

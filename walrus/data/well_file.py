@@ -1,8 +1,7 @@
-"""Read The Well's HDF5 files lazily into windows of frames.
+"""The Well's HDF5 file format: split layout, file metadata, and reading frames of a trajectory.
 
 A dataset directory is ``{root}/{dataset}/data/{split}/*.hdf5`` (the layout of a real Well
-download). Each file holds ``n_trajectories`` trajectories of ``n_time`` frames; a sample is a
-window of ``n_steps_input + n_steps_output`` frames, ``time_stride`` apart, from one trajectory.
+download). Each file holds ``n_trajectories`` trajectories of ``n_time`` frames.
 
 Vector (t1) and tensor (t2) fields are flattened into named components: ``velocity`` on axes
 ``x, y`` becomes ``velocity_x, velocity_y``; ``stress`` becomes ``stress_xx, stress_xy, ...``.
@@ -13,8 +12,8 @@ Shape legend: T time, C channels (field components), S spatial axes (1-3).
 
 from __future__ import annotations
 
-import bisect
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +21,8 @@ from typing import Any
 
 import h5py
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from walrus.bcs import BoundaryType
-from walrus.data.batch import Batch
-from walrus.data.vocab import FieldVocabulary
 
 FIELD_GROUPS = ("t0_fields", "t1_fields", "t2_fields")
 SPLITS = ("train", "valid", "test")
@@ -61,12 +56,24 @@ def _group(f: h5py.File, key: str, path: Path) -> h5py.Group:
 
 
 def open_h5(path: str | os.PathLike) -> h5py.File:
-    """Open an HDF5 file read-only; a non-HDF5 or truncated file raises ValueError naming it."""
+    """Open an HDF5 file read-only.
+
+    Raises (each naming the file): FileNotFoundError if it does not exist, PermissionError if
+    it may not be read, ValueError for a directory or a non-HDF5 or truncated file.
+    """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not an HDF5 file")
+    if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a regular file, so not an HDF5 file")
     try:
         return h5py.File(path, "r")
+    except PermissionError:
+        raise PermissionError(
+            f"{path}: permission denied; this user may not read it (check its permissions)"
+        ) from None
     except OSError as e:
         raise ValueError(
             f"{path}: cannot be opened as HDF5 (not an HDF5 file, or truncated): {e}"
@@ -142,7 +149,7 @@ class WellFile:
         for key in ("time", *self.spatial_dims):
             if key not in dims:
                 raise ValueError(f"{p}: dataset 'dimensions/{key}' is missing")
-        self.time = np.asarray(dims["time"][()], dtype=np.float64)
+        self.time = self._read_time(dims["time"])
         self.n_time = int(self.time.shape[-1])
         self.spatial_shape = tuple(int(dims[a].shape[-1]) for a in self.spatial_dims)
         self.coords = {a: np.asarray(dims[a][()]) for a in self.spatial_dims}
@@ -171,45 +178,96 @@ class WellFile:
         if len(set(self.field_names)) != len(self.field_names):
             raise ValueError(f"{p}: duplicate field component names {self.field_names}")
 
+    def _read_time(self, ds: h5py.Dataset) -> np.ndarray:
+        """The time coordinate as float64; complex, non-numeric or non-finite times are refused."""
+        if ds.dtype.kind not in "fiu":
+            raise ValueError(
+                f"{self.path}: dimensions/time has dtype {ds.dtype}; time must be real numbers"
+            )
+        time = np.asarray(ds[()], dtype=np.float64)  # (n_time,) or (n_traj, n_time)
+        if time.ndim == 0:
+            raise ValueError(f"{self.path}: dimensions/time is a scalar; need one time per frame")
+        bad = np.flatnonzero(~np.isfinite(time.reshape(-1)))
+        if bad.size:
+            where = np.unravel_index(bad[0], time.shape)
+            raise ValueError(
+                f"{self.path}: dimensions/time holds NaN or Inf ({bad.size} of {time.size} "
+                f"values, the first at index {tuple(int(i) for i in where)})"
+            )
+        return time
+
     def _read_bcs(self, group: h5py.Group) -> np.ndarray:
+        """Boundary type of each axis side, by the rules The Well's own reader applies.
+
+        A side that no group marks is open. A group's ``mask`` spans its ``associated_dims`` in
+        that order (or every spatial axis); on a side of one of those axes the group applies if
+        any of its mask there is set, or, for a wall, if all of it is. Groups are applied in the
+        file's group order, a later one replacing an earlier one on the sides it marks. A group
+        over several axes gets The Well's warning that only axis-aligned boundaries are exact.
+        A group without a mask (or with a 0-d one) covers both sides of its axes.
+        """
         p = self.path
-        bcs = np.full((self.n_spatial, 2), -1, dtype=np.int64)
+        bcs = np.full((self.n_spatial, 2), int(BoundaryType.OPEN), dtype=np.int64)
         for gname, g in group.items():
             if not isinstance(g, h5py.Group):
                 continue
+            where = f"{p}: boundary_conditions/{gname}"
             try:
                 bc = BoundaryType.parse(_as_str(_attr(g, "bc_type", p)))
             except ValueError as e:
-                raise ValueError(f"{p}: boundary_conditions/{gname}: {e}") from None
-            mask = np.asarray(g["mask"][()], dtype=bool) if "mask" in g else None
-            for dim in _as_strs(_attr(g, "associated_dims", p)):
+                raise ValueError(f"{where}: {e}") from None
+            dims = _as_strs(_attr(g, "associated_dims", p))
+            for dim in dims:
                 if dim not in self.spatial_dims:
-                    raise ValueError(
-                        f"{p}: boundary_conditions/{gname} names axis {dim!r}, "
-                        f"not one of {self.spatial_dims}"
-                    )
-                ax = self.spatial_dims.index(dim)
-                if mask is None or mask.ndim == 0 or mask.size == 0:
-                    lo = hi = True
-                else:
-                    m = mask
-                    if m.ndim == self.n_spatial and m.ndim > 1:
-                        other = tuple(i for i in range(m.ndim) if i != ax)
-                        m = m.any(axis=other)
-                    m = m.reshape(-1)
-                    lo, hi = bool(m[0]), bool(m[-1])
-                for side, on in ((0, lo), (1, hi)):
-                    if on and bcs[ax, side] < 0:
-                        bcs[ax, side] = int(bc)
-        for ax, side in zip(*np.nonzero(bcs < 0)):
-            raise ValueError(
-                f"{p}: no boundary condition for axis {self.spatial_dims[ax]!r} "
-                f"({'lo' if side == 0 else 'hi'} side) in boundary_conditions"
-            )
+                    raise ValueError(f"{where} names axis {dim!r}, not one of {self.spatial_dims}")
+            if len(dims) > 1:
+                warnings.warn(
+                    f"{where} spans axes {dims}: only axis-aligned boundaries are exact; each "
+                    "side counts as open or periodic if any of the mask there is, wall only if "
+                    "all of it is",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            mask = np.asarray(g["mask"][()], dtype=bool) if "mask" in g else np.ones((), bool)
+            if mask.ndim == 0:
+                mask_axes = dims
+                mask = np.broadcast_to(mask, (2,) * len(dims))  # both sides of each axis
+            elif mask.ndim == len(dims):
+                mask_axes = dims
+            elif mask.ndim == self.n_spatial:
+                mask_axes = self.spatial_dims
+            else:
+                raise ValueError(
+                    f"{where}: mask has {mask.ndim} axes, but associated_dims lists {dims}"
+                )
+            if mask.size == 0:
+                raise ValueError(f"{where}: mask is empty")
+            reduce = np.all if bc == BoundaryType.WALL else np.any
+            for dim in dims:
+                ax = mask_axes.index(dim)
+                ends = np.moveaxis(mask, ax, 0)  # (N_dim, ...other mask axes)
+                for side, end in ((0, ends[0]), (1, ends[-1])):
+                    if reduce(end):
+                        bcs[self.spatial_dims.index(dim), side] = int(bc)
         return bcs
 
     def _field_info(self, ds: h5py.Dataset, group: str, name: str, rank: int) -> FieldInfo:
         p, d = self.path, self.n_spatial
+        kind = ds.dtype.kind
+        if kind == "c":
+            raise ValueError(
+                f"{p}: field {group}/{name} is complex ({ds.dtype}); walrus reads real fields "
+                "only (store the real and imaginary parts as two fields)"
+            )
+        if kind == "b":
+            raise ValueError(
+                f"{p}: field {group}/{name} is boolean; walrus reads real-valued fields only "
+                "(store a mask as float 0/1 if it is meant as an input field)"
+            )
+        if kind not in "fiu":
+            raise ValueError(
+                f"{p}: field {group}/{name} has dtype {ds.dtype}; fields must be real numbers"
+            )
         time_varying = bool(ds.attrs.get("time_varying", True))
         sample_varying = bool(ds.attrs.get("sample_varying", True))
         dim_varying = tuple(bool(v) for v in np.atleast_1d(ds.attrs.get("dim_varying", [True] * d)))
@@ -261,6 +319,17 @@ class WellFile:
                 )
             out.append((hit, [hit.components.index(n)]))
         return out
+
+    def channel_names(self, names: Sequence[str] | None = None) -> list[str]:
+        """Flattened channel names of ``select(names)``; a channel named twice is an error."""
+        channels = [fi.components[c] for fi, comps in self.select(names) for c in comps]
+        dupes = sorted({n for n in channels if channels.count(n) > 1})
+        if dupes:
+            raise ValueError(
+                f"{self.path}: fields conflict, channel names {dupes} appear more than once; each "
+                "channel needs its own name to get its own vocabulary slot"
+            )
+        return channels
 
     def read(
         self,
@@ -346,206 +415,6 @@ def list_split_files(root: str | os.PathLike, dataset: str, split: str) -> list[
     if not files:
         raise FileNotFoundError(f"split directory {sdir} holds no .hdf5 files")
     return files
-
-
-def _stride_range(time_stride: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(time_stride, int):
-        lo = hi = time_stride
-    else:
-        vals = list(time_stride)
-        if len(vals) != 2:
-            raise ValueError(f"time_stride must be an int or a (lo, hi) pair, got {time_stride!r}")
-        lo, hi = int(vals[0]), int(vals[1])
-    if lo < 1 or hi < lo:
-        raise ValueError(f"time_stride must be >= 1 with lo <= hi, got {time_stride!r}")
-    return lo, hi
-
-
-class WellDataset(Dataset):
-    """Windows of frames from one Well dataset split, read lazily.
-
-    Args:
-        root: folder holding ``{dataset}/data/{split}/*.hdf5``.
-        dataset: dataset folder name (e.g. ``navier_stokes_2d``, ``turbulent_radiative_layer_2D``).
-        split: ``train``, ``valid`` or ``test``.
-        n_steps_input: input frames per window.
-        n_steps_output: target frames per window.
-        time_stride: frames between consecutive window frames; an ``(lo, hi)`` pair draws the
-            stride per sample when ``train`` (else ``lo`` is used). Windows are indexed at
-            ``lo``; a drawn stride is capped so the window still fits the trajectory.
-        vocab: field vocabulary giving ``field_ids``; default: one built from this dataset.
-        fields: channel subset (component names like ``velocity_x`` or whole fields like
-            ``velocity``); default all.
-        train: draw strides from the range.
-        check_finite: raise on NaN/Inf in a window.
-
-    Each item is a ``Batch`` with a leading batch axis of 1: ``input_fields (1, T_in, C, *S)``,
-    ``output_fields (1, T_out, C, *S)``.
-    """
-
-    def __init__(
-        self,
-        root: str | os.PathLike,
-        dataset: str,
-        split: str = "train",
-        n_steps_input: int = 4,
-        n_steps_output: int = 1,
-        time_stride: int | Sequence[int] = 1,
-        vocab: FieldVocabulary | None = None,
-        fields: Sequence[str] | None = None,
-        train: bool = False,
-        check_finite: bool = True,
-    ) -> None:
-        if n_steps_input < 1 or n_steps_output < 0:
-            raise ValueError(
-                f"need n_steps_input >= 1 and n_steps_output >= 0, got {n_steps_input}, {n_steps_output}"
-            )
-        self.root, self.dataset, self.split = Path(root), dataset, split
-        self.n_steps_input, self.n_steps_output = n_steps_input, n_steps_output
-        self.stride_lo, self.stride_hi = _stride_range(time_stride)
-        self.train, self.check_finite = train, check_finite
-        self.files = [WellFile(p) for p in list_split_files(root, dataset, split)]
-        first = self.files[0]
-        for wf in self.files[1:]:
-            if wf.field_names != first.field_names or wf.spatial_shape != first.spatial_shape:
-                raise ValueError(
-                    f"{wf.path}: fields {wf.field_names} / shape {wf.spatial_shape} differ from "
-                    f"{first.path} ({first.field_names} / {first.spatial_shape})"
-                )
-            if not np.array_equal(wf.bcs, first.bcs):
-                raise ValueError(f"{wf.path}: boundary conditions differ from {first.path}")
-        self.selections = [wf.select(fields) for wf in self.files]
-        self.field_names = [fi.components[c] for fi, comps in self.selections[0] for c in comps]
-        self.vocab = vocab if vocab is not None else FieldVocabulary(self.field_names)
-        self.field_ids = self.vocab.ids(self.field_names)  # (C,)
-        self.bcs = torch.from_numpy(first.bcs.copy())  # (S, 2)
-        self.spatial_shape = first.spatial_shape
-        self.n_spatial = first.n_spatial
-
-        span = (self.window_length - 1) * self.stride_lo + 1
-        self._windows_per_traj = []
-        for wf in self.files:
-            n = wf.n_time - span + 1
-            if n < 1:
-                raise ValueError(
-                    f"{wf.path}: a window of {self.window_length} frames at time stride "
-                    f"{self.stride_lo} spans {span} time steps, longer than the trajectory "
-                    f"({wf.n_time} steps)"
-                )
-            self._windows_per_traj.append(n)
-        counts = [wf.n_trajectories * n for wf, n in zip(self.files, self._windows_per_traj)]
-        self._offsets = np.cumsum([0, *counts]).tolist()
-        traj_counts = [wf.n_trajectories for wf in self.files]
-        self._traj_offsets = np.cumsum([0, *traj_counts]).tolist()
-        self._handles: dict[Path, h5py.File] = {}
-        self._pid = os.getpid()
-
-    @property
-    def window_length(self) -> int:
-        return self.n_steps_input + self.n_steps_output
-
-    @property
-    def n_trajectories(self) -> int:
-        return self._traj_offsets[-1]
-
-    def __len__(self) -> int:
-        return self._offsets[-1]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_handles"] = {}
-        return state
-
-    def _handle(self, path: Path) -> h5py.File:
-        # one handle per process: a DataLoader worker opens its own after the fork
-        pid = os.getpid()
-        if pid != self._pid:
-            self._handles, self._pid = {}, pid
-        h = self._handles.get(path)
-        if h is None:
-            h = self._handles[path] = open_h5(path)
-        return h
-
-    def close(self) -> None:
-        """Close this process's open file handles."""
-        if self._pid == os.getpid():
-            for h in self._handles.values():
-                h.close()
-        self._handles = {}
-
-    def locate(self, index: int) -> tuple[int, int, int]:
-        """``(file index, trajectory in file, start time index)`` of window ``index``."""
-        if not 0 <= index < len(self):
-            raise IndexError(f"window {index} out of range for {len(self)} windows")
-        k = bisect.bisect_right(self._offsets, index) - 1
-        local = index - self._offsets[k]
-        traj, start = divmod(local, self._windows_per_traj[k])
-        return k, traj, start
-
-    def _dt(self, wf: WellFile, traj: int, start: int, stride: int) -> float:
-        t = wf.time if wf.time.ndim == 1 else wf.time[traj]
-        return float(t[start + stride] - t[start]) if start + stride < wf.n_time else float("nan")
-
-    def __getitem__(self, index: int) -> Batch:
-        k, traj, start = self.locate(index)
-        wf = self.files[k]
-        stride = self.stride_lo
-        if self.train and self.stride_hi > self.stride_lo and self.window_length > 1:
-            stride = int(torch.randint(self.stride_lo, self.stride_hi + 1, ()).item())
-            stride = min(stride, (wf.n_time - 1 - start) // (self.window_length - 1))
-        return self._read_batch(k, traj, start, self.window_length, stride)
-
-    def _read_batch(self, k: int, traj: int, start: int, n: int, stride: int) -> Batch:
-        """``n`` frames of trajectory ``traj`` of file ``k`` from ``start``, as a B=1 batch."""
-        wf = self.files[k]
-        frames = wf.read(
-            self._handle(wf.path), self.selections[k], traj, start, n, stride, self.check_finite
-        )  # (T, C, *S)
-        x = torch.from_numpy(frames)[None]  # (1, T, C, *S)
-        return Batch(
-            input_fields=x[:, : self.n_steps_input],
-            output_fields=x[:, self.n_steps_input :],
-            field_ids=self.field_ids,
-            bcs=self.bcs,
-            metadata={
-                "dataset": self.dataset,
-                "field_names": tuple(self.field_names),
-                "trajectory": torch.tensor([self._traj_offsets[k] + traj]),
-                "start": torch.tensor([start]),
-                "stride": torch.tensor([stride]),
-                "dt": torch.tensor([self._dt(wf, traj, start, stride)], dtype=torch.float64),
-                "file": [str(wf.path)],
-            },
-        )
-
-    def trajectory(
-        self, index: int, stride: int | None = None, n_frames: int | None = None
-    ) -> Batch:
-        """A whole trajectory for rollout: the first ``n_steps_input`` frames as input, the rest as target.
-
-        Args:
-            index: trajectory index over all files of the split, in ``[0, n_trajectories)``.
-            stride: time stride (default: the dataset's ``lo`` stride).
-            n_frames: total frames to read (default: as many as fit).
-
-        Returns:
-            A ``Batch`` with ``input_fields (1, T_in, C, *S)`` and ``output_fields (1, T_rest, C, *S)``.
-        """
-        if not 0 <= index < self.n_trajectories:
-            raise IndexError(
-                f"trajectory {index} out of range for {self.n_trajectories} trajectories"
-            )
-        k = bisect.bisect_right(self._traj_offsets, index) - 1
-        wf, traj = self.files[k], index - self._traj_offsets[k]
-        stride = stride or self.stride_lo
-        fit = (wf.n_time - 1) // stride + 1
-        n = fit if n_frames is None else n_frames
-        if n > fit or n <= self.n_steps_input:
-            raise ValueError(
-                f"{wf.path}: trajectory {traj} has {fit} frames at stride {stride}; asked for {n} "
-                f"(need more than n_steps_input={self.n_steps_input})"
-            )
-        return self._read_batch(k, traj, 0, n, stride)
 
 
 def read_trajectory(

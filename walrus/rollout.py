@@ -1,4 +1,4 @@
-"""Autoregressive forecasting: one-step prediction and the rollout generator.
+"""The rollout generator ``rollout(model, batch, steps)`` and the one-step ``predict_next``.
 
 The model sees a normalised window of past frames and predicts, for its last frame, either the
 normalised delta to the next frame (``predict_delta=True``, the Walrus default) or the normalised
@@ -30,10 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from walrus.data.batch import Batch
-from walrus.data.normalization import RMSNormalizer, ZScoreNormalizer
+from walrus.data.normalization import Normalizer, RMSNormalizer
 from walrus.errors import RolloutDivergedError
 
-Normalizer = RMSNormalizer | ZScoreNormalizer
 # Ensemble member m rolls out with jitter seeds jitter_seed + m * MEMBER_SEED_STRIDE + step - 1.
 MEMBER_SEED_STRIDE = 1_000_003
 
@@ -88,23 +87,9 @@ def predict_next(
             f"model output must be (B, T', C, *spatial) matching the window {tuple(window.shape)} "
             f"outside the time axis, got {got}"
         )
-    pred = out[:, -1].to(torch.promote_types(window.dtype, torch.float32))  # (B, C, *spatial)
-    if predict_delta:
-        last = window[:, -1].to(pred.dtype)  # (B, C, *spatial)
-        return last + stats.denormalize_delta(pred.unsqueeze(1)).squeeze(1)
-    return stats.denormalize(pred.unsqueeze(1)).squeeze(1)
-
-
-def _field_names(batch: Batch, field_names: Sequence[str] | None) -> list[str] | None:
-    """Channel names from the argument, else from ``batch.metadata['field_names']``."""
-    n_fields = batch.input_fields.shape[2]
-    names: Any = field_names if field_names is not None else batch.metadata.get("field_names")
-    if names is None:
-        return None
-    names = list(names)
-    if len(names) != n_fields:
-        raise ValueError(f"got {len(names)} field names {names} for {n_fields} channels")
-    return [str(n) for n in names]
+    pred = out[:, -1:].to(torch.promote_types(window.dtype, torch.float32))  # (B, 1, C, *sp)
+    last = window[:, -1:].to(pred.dtype)  # (B, 1, C, *spatial)
+    return stats.next_frame(last, pred, predict_delta).squeeze(1)  # (B, C, *spatial)
 
 
 def rollout(
@@ -152,7 +137,7 @@ def rollout(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
-    names = _field_names(batch, field_names)
+    names = batch.channel_names(field_names)
     window = batch.input_fields.detach()  # (B, T_in, C, *spatial)
     if not window.is_floating_point():
         raise ValueError(f"input_fields must be floating point, got {window.dtype}")

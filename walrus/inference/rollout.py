@@ -1,4 +1,4 @@
-"""``run_rollout(cfg)``: roll a checkpoint out over trajectories and report how far it stays right.
+"""``run_rollout(cfg)``, the ``infer.py rollout`` command: roll a checkpoint out over trajectories and report how far it stays right.
 
 Frames of a trajectory are counted at the data's time stride. The model gets frames
 ``start .. start + n_steps_input - 1`` as context and predicts the following ``steps`` frames
@@ -12,18 +12,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig
 
 from walrus.data.batch import Batch
-from walrus.data.well import WellDataset
+from walrus.data.well_dataset import WellDataset
 from walrus.inference.loading import build_trainer, positive_int, prepare, select_trajectories
-from walrus.inference.report import (
-    format_rollout_table,
-    frames_available,
-    write_json_atomic,
-    write_predictions,
-)
+from walrus.inference.report import format_rollout_table, write_json_atomic, write_predictions
 from walrus.inference.rollout_module import (
     DatasetPlan,
     JobDataModule,
@@ -36,21 +30,13 @@ from walrus.inference.rollout_module import (
 def load_rollout_sample(
     ds: WellDataset, index: int, *, start: int, n_steps_input: int, steps: int, stride: int
 ) -> Batch:
-    """Trajectory ``index`` as a rollout sample.
+    """Trajectory ``index`` as a rollout sample; reads only the frames it holds.
 
     Returns:
         ``Batch`` with ``input_fields (1, n_steps_input, C, *sp)`` (frames ``start ..``) and
         ``output_fields (1, steps, C, *sp)`` (the frames to predict).
     """
-    traj = ds.trajectory(index, stride=stride, n_frames=start + n_steps_input + steps)
-    frames = torch.cat([traj.input_fields, traj.output_fields], dim=1)  # (1, T, C, *sp)
-    return Batch(
-        input_fields=frames[:, start : start + n_steps_input],
-        output_fields=frames[:, start + n_steps_input :],
-        field_ids=traj.field_ids,
-        bcs=traj.bcs,
-        metadata={**traj.metadata, "start": torch.tensor([start])},
-    )
+    return ds.trajectory(index, stride=stride, n_frames=n_steps_input + steps, start=start)
 
 
 def run_rollout(cfg: DictConfig) -> dict[str, Any]:
@@ -74,14 +60,19 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
     notes: list[str] = []
     for ds in prep.datasets:
         sel = select_trajectories(cfg.trajectories, ds.n_trajectories, ds.dataset)
-        lengths = {i: frames_available(ds, i, stride) for i in sel}
+        lengths = {i: ds.frames_available(i, stride) for i in sel}
         shortest = min(sel, key=lambda i: lengths[i])
         avail = lengths[shortest] - start - n_in
         if avail < 1:
+            fix = (
+                f"lower start (at most {lengths[shortest] - n_in - 1})"
+                if lengths[shortest] > n_in
+                else "pick longer trajectories or a smaller data.time_stride"
+            )
             raise ValueError(
                 f"dataset {ds.dataset!r}: trajectory {shortest} has {lengths[shortest]} frames at "
                 f"time stride {stride}; start={start} plus {n_in} context frames leaves nothing "
-                "to predict; lower start"
+                f"to predict; {fix}"
             )
         n_steps = avail if steps is None else min(steps, avail)
         if steps is not None and steps > avail:
@@ -105,15 +96,9 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         )
         for ds in prep.datasets
     }
-    module = RolloutModule(
-        prep.ckpt.model,
+    module = RolloutModule.from_prepared(
+        prep,
         plans,
-        predict_delta=prep.ckpt.predict_delta,
-        normalizer=prep.ckpt.normalizer,
-        jitter_seed=prep.jitter_seed,
-        members=prep.members,
-        cap_delta_unit=prep.cap_delta_unit,
-        autocast_dtype=prep.autocast_dtype,
         keep_predictions=bool(cfg.save_predictions or cfg.plots),
         progress=bool(cfg.progress),
         job_steps=[plans[name].steps for name, _ in jobs],
