@@ -136,6 +136,7 @@ def test_cli_rollout_writes_every_file(toy: dict[str, Path]) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "litlogger" not in proc.stdout + proc.stderr  # Lightning's tip is silenced
     for name in ("metrics.json", "predictions.hdf5", "vrmse.png", "spectral.png", "snapshots.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert (out / "rollout.gif").is_file() or (out / "rollout.mp4").is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -20,6 +21,30 @@ CONFIG_ERRORS = (HydraException, OmegaConfBaseException)
 _OMEGACONF_DETAIL = ("full_key:", "object_type=", "reference_type=")
 # Deprecation chatter from third-party internals that a user can do nothing about.
 QUIET_WARNINGS = (r".*isinstance\(treespec, LeafSpec\).*", r".*litlogger.*")
+LIGHTNING_LOGGERS = (
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.pytorch.trainer.connectors.checkpoint_connector",
+)
+
+
+class _DropLightningChatter(logging.Filter):
+    """Drops Lightning's advertising and internal notes a user can do nothing about."""
+
+    PATTERNS = ("litlogger", "`weights_only` was not set")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(p in record.getMessage() for p in self.PATTERNS)
+
+
+_CHATTER = _DropLightningChatter()
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's tips and notes (training and inference call this)."""
+    for name in LIGHTNING_LOGGERS:
+        logging.getLogger(name).addFilter(_CHATTER)  # a filter is added once
+    # Lightning's warning; training says it in our words when no best-*.ckpt was written
+    warnings.filterwarnings("ignore", message=r".*ModelCheckpoint\(monitor=.*could not find")
 
 
 def run_cli(fn: Callable[[], Any]) -> Any:

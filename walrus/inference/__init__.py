@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from walrus.cli import quiet_lightning
 from walrus.inference.evaluate import run_evaluate
 from walrus.inference.rollout import run_rollout
 
@@ -60,6 +61,7 @@ def command_override(argv: Sequence[str]) -> list[str]:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Run the command ``cfg.command`` names."""
+    quiet_lightning()
     command = None if OmegaConf.is_missing(cfg, "command") else cfg.get("command")
     if command not in COMMANDS:
         raise ValueError(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from walrus.checkpoint import (
     model_state_dict,
     walrus_meta,
 )
+from walrus.cli import quiet_lightning
 from walrus.data.datamodule import resolve_data_root
 from walrus.data.normalization import ZScoreNormalizer, build_normalizer
 from walrus.data.vocab import FieldVocabulary
@@ -37,7 +36,6 @@ from walrus.training.callbacks import DataPositionCallback, RNGStateCallback
 from walrus.training.checkpointing import LastCheckpoint
 
 FREEZE_OPTIONS = (None, "processor")
-CKPT_CONNECTOR_LOGGER = "lightning.pytorch.trainer.connectors.checkpoint_connector"
 
 
 def _source_checkpoint(cfg: DictConfig) -> tuple[dict | None, dict | None, str | None]:
@@ -109,32 +107,13 @@ def _freeze(model: torch.nn.Module, what: str | None) -> None:
             p.requires_grad_(False)
 
 
-class _DropLightningChatter(logging.Filter):
-    """Drops Lightning's advertising and internal notes a user can do nothing about."""
-
-    PATTERNS = ("litlogger", "`weights_only` was not set")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(p in record.getMessage() for p in self.PATTERNS)
-
-
-_CHATTER = _DropLightningChatter()
-
-
-def _quiet_lightning() -> None:
-    for name in ("lightning.pytorch.utilities.rank_zero", CKPT_CONNECTOR_LOGGER):
-        logging.getLogger(name).addFilter(_CHATTER)  # a filter is added once
-    # Lightning's warning; _report_missing_best says it in our words
-    warnings.filterwarnings("ignore", message=r".*ModelCheckpoint\(monitor=.*could not find")
-
-
 def _report_missing_best(trainer: pl.Trainer) -> None:
     """Says in one line why a monitoring checkpoint callback wrote no ``best-*.ckpt``."""
     for cb in trainer.checkpoint_callbacks:
         monitor = getattr(cb, "monitor", None)
         if monitor and not getattr(cb, "best_model_path", "") and trainer.is_global_zero:
             rank_zero_info(
-                f"No {monitor} was logged (no validation ran), so no best-*.ckpt was written; "
+                f"No {monitor} was logged (no validation epoch logged it), so no best-*.ckpt was written; "
                 "checkpoints/last.ckpt holds the final weights."
             )
 
@@ -168,7 +147,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         ``(metrics, objects)``: the final logged metrics as floats, and the ``trainer``,
         ``module``, ``datamodule`` and ``output_dir`` used.
     """
-    _quiet_lightning()
+    quiet_lightning()
     out_dir = _output_dir(cfg)
     _check_types(cfg)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
