@@ -184,3 +184,29 @@ def test_next_frame_inverts_the_training_targets(normalizer):
     delta_target = stats.normalize_delta(nxt - last)
     torch.testing.assert_close(stats.next_frame(last, delta_target, True), nxt)
     torch.testing.assert_close(stats.next_frame(last, stats.normalize(nxt), False), nxt)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"_target_": "walrus.data.normalization.RMSNormalizer", "eps": "abc"}, "eps must be"),
+        ({"_target_": "walrus.data.normalization.RMSNormalizer", "eps": True}, "eps must be"),
+        ({"_target_": "walrus.data.normalization.MeanStdNormalizer", "eps": -1.0}, "eps must be"),
+        ({"_target_": "walrus.data.normalization.RMSNormalizer", "scale": 2}, "no option"),
+        (
+            {"_target_": "walrus.data.normalization.ZScoreNormalizer", "stats": {"mean": 1}},
+            "section 'mean'",
+        ),
+        (
+            {
+                "_target_": "walrus.data.normalization.ZScoreNormalizer",
+                "stats": {"mean": {"u": "0"}, "std": {"u": 1.0}},
+            },
+            "entry 'u' must be a number",
+        ),
+    ],
+)
+def test_normalizer_options_read_from_a_file_are_validated(config, match):
+    """A checkpoint's normaliser entry is data: wrong kinds are named before anything runs."""
+    with pytest.raises(ValueError, match=match):
+        build_normalizer(config)

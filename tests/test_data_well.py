@@ -317,3 +317,27 @@ def test_3d_and_constant_velocity(tmp_path):
     b = ds[len(ds) - 1]
     assert b.input_fields.shape == (1, 2, 4, 4, 4, 4) and ds.bcs.shape == (3, 2)
     assert torch.equal(b.output_fields[0, 1, 1:].permute(1, 2, 3, 0), torch.from_numpy(u[1]))
+
+
+@pytest.mark.parametrize(
+    ("field", "time", "match"),
+    [
+        (np.zeros((1, 3, 4), np.complex64), np.arange(3.0), "dtype complex64"),
+        (np.zeros((1, 3, 4), bool), np.arange(3.0), "dtype bool"),
+        (np.zeros((1, 3, 4)), np.array([0.0, np.nan, 2.0]), "NaN or Inf"),
+        (np.zeros((1, 3, 4)), np.arange(3) + 0j, "real numbers"),
+    ],
+    ids=["complex", "bool", "nan_time", "complex_time"],
+)
+def test_writer_refuses_values_the_reader_refuses(tmp_path, field, time, match):
+    """Complex parts are not dropped silently: what the reader refuses, the writer refuses."""
+    with pytest.raises(ValueError, match=match):
+        write_well_file(
+            tmp_path / "x.hdf5",
+            "t",
+            coords={"x": np.arange(4)},
+            time=time,
+            n_trajectories=1,
+            fields={"p": field},
+        )
+    assert not list(tmp_path.iterdir())

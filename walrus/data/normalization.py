@@ -17,6 +17,7 @@ rebuilds it (only the classes of this module).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,34 @@ def _per_field(x: Tensor) -> tuple[int, ...]:
 DELTA_UNITS = ("window", "state")
 
 
+def _check_eps(eps: Any, owner: str) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < float("inf"):
+        raise ValueError(f"{owner} eps must be a positive number, got {eps!r}")
+    return float(eps)
+
+
+def _check_stats(stats: Any) -> None:
+    if not isinstance(stats, Mapping):
+        raise ValueError(
+            f"normalisation stats must be a mapping of sections, got {type(stats).__name__}"
+        )
+    for section, table in stats.items():
+        if not isinstance(table, Mapping):
+            raise ValueError(
+                f"normalisation stats section {section!r} must map field names to numbers"
+            )
+        for name, value in table.items():
+            if (
+                not isinstance(name, str)
+                or isinstance(value, bool)
+                or not isinstance(value, int | float)
+            ):
+                raise ValueError(
+                    f"normalisation stats section {section!r} entry {name!r} must be a number, "
+                    f"got {type(value).__name__}"
+                )
+
+
 class RMSNormalizer:
     """Per-sample RMS normalisation of the input window (Walrus).
 
@@ -86,7 +115,7 @@ class RMSNormalizer:
     def __init__(self, eps: float = 1e-4, delta: str = "window") -> None:
         if delta not in DELTA_UNITS:
             raise ValueError(f"RMSNormalizer delta must be one of {DELTA_UNITS}, got {delta!r}")
-        self.eps = eps
+        self.eps = _check_eps(eps, "RMSNormalizer")
         self.delta = delta
 
     def fit(self, x: Tensor, field_names: Sequence[str] | None = None) -> NormStats:
@@ -118,7 +147,7 @@ class MeanStdNormalizer:
     """
 
     def __init__(self, eps: float = 1e-4) -> None:
-        self.eps = eps
+        self.eps = _check_eps(eps, "MeanStdNormalizer")
 
     def fit(self, x: Tensor, field_names: Sequence[str] | None = None) -> NormStats:
         """Statistics of an input window ``x`` ``(B, T, C, *spatial)``."""
@@ -148,11 +177,12 @@ class ZScoreNormalizer:
     """
 
     def __init__(self, stats: Mapping[str, Mapping[str, float]], eps: float = 1e-6) -> None:
+        _check_stats(stats)
         for key in ("mean", "std"):
             if key not in stats:
                 raise ValueError(f"normalisation stats lack the {key!r} section")
         self.stats = stats
-        self.eps = eps
+        self.eps = _check_eps(eps, "ZScoreNormalizer")
 
     def _vector(self, section: str, names: Sequence[str], like: Tensor) -> Tensor:
         table = self.stats.get(section) or self.stats["std"]
@@ -195,4 +225,11 @@ def build_normalizer(config: Mapping[str, Any] | None) -> Normalizer:
     target = kwargs.pop("_target_", None)
     if target not in NORMALIZERS:
         raise ValueError(f"unknown normaliser {target!r}; known: {sorted(NORMALIZERS)}")
-    return NORMALIZERS[target](**kwargs)
+    cls = NORMALIZERS[target]
+    known = set(inspect.signature(cls).parameters)
+    unknown = sorted(str(k) for k in kwargs if k not in known)
+    if unknown:
+        raise ValueError(
+            f"normaliser {target!r} has no option(s) {unknown}; known: {sorted(known)}"
+        )
+    return cls(**kwargs)

@@ -42,6 +42,11 @@ def _check_field(
     spatial: tuple[int, ...],
     varying: tuple[bool, bool],
 ) -> None:
+    if arr.dtype.kind not in "iuf":  # bool, complex, strings, objects
+        raise ValueError(
+            f"field {name!r} has dtype {arr.dtype}: fields must be real numbers "
+            "(write the real and imaginary parts of a complex field as two fields)"
+        )
     time_varying, sample_varying = varying
     expected = (
         ((n_traj,) if sample_varying else ())
@@ -105,6 +110,10 @@ def write_well_file(
     time = np.asarray(time)
     if time.ndim != 1:
         raise ValueError(f"{path}: time must be 1-D, got shape {time.shape}")
+    if not np.issubdtype(time.dtype, np.number) or np.iscomplexobj(time):
+        raise ValueError(f"{path}: time must hold real numbers, got dtype {time.dtype}")
+    if not np.isfinite(time).all():
+        raise ValueError(f"{path}: time holds NaN or Inf")
     n_time = time.shape[0]
     varying = dict(varying or {})
     groups = {
