@@ -57,9 +57,11 @@ def test_bf16_autocast_train_step():
     assert not missing, missing
 
 
-@pytest.mark.parametrize("train", [False, True])
-def test_fused_matches_plain_float64(train):
-    fused = tiny().train(train)
+@pytest.mark.parametrize(
+    ("train", "kernel"), [(False, "sdpa"), (True, "sdpa"), (True, "chunked"), (True, "math")]
+)
+def test_fused_matches_plain_float64(train, kernel):
+    fused = tiny(temporal_kernel=kernel, spatial_kernel=kernel).train(train)
     plain = copy.deepcopy(fused).double()
     plain.set_fused(False)
     x = torch.randn(2, 3, 2, 32, 24)

@@ -105,11 +105,6 @@ def _present(*params: Tensor | None) -> list[Tensor]:
     return [p for p in params if p is not None]
 
 
-def _swap_pairs(x: Tensor) -> Tensor:
-    """Swap interleaved channel pairs ``(x0, x1, x2, x3, ...) -> (x1, x0, x3, x2, ...)`` (a copy)."""
-    return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-
-
 def _residual_gemms(
     x: Tensor, terms: list[tuple[Tensor, Tensor]], bias: Tensor, reuse_x: bool = False
 ) -> Tensor:
@@ -270,15 +265,14 @@ class InferenceWorkspace:
         self.x_frames = x.view(bt, s, c)  # (B*T, S, C)
         # (B*T, S, C) view of a sequence-major (S, B*T, C) token matrix
         self.seq_major = ((bt, s, c), (c, bt * c, 1))
-        h = x.new_empty(n_tok, c, dtype=dtype)  # (B*T*S, C) normalised tokens
-        self.h = h
+        self.h = x.new_empty(n_tok, c, dtype=dtype)  # (B*T*S, C) normalised tokens
         self.o = x.new_empty(n_tok, c, dtype=dtype)  # (B*T*S, C) output projections
         self.o_seq = self.o.as_strided(*self.seq_major)  # (B*T, S, C) of the spatial o
         buf = x.new_empty(n_tok * (w + 2 * c), dtype=dtype)
         # spatial [ff | v] (sequence-major rows), then raw q and k
         self.f = buf[: n_tok * w].view(n_tok, w)  # (S*B*T, M + C)
         self.sq, self.sk = (
-            buf[n_tok * (w + i * c) :].as_strided((s, bt * nh, e), (bt * c, e, 1)) for i in range(2)
+            buf.as_strided((s, bt * nh, e), (bt * c, e, 1), n_tok * (w + i * c)) for i in range(2)
         )  # (S, B*T*nh, E) each
         self.sq_mat = buf.as_strided((n_tok, c), (c, 1), n_tok * w)  # (S*B*T, C)
         self.sk_mat = buf.as_strided((n_tok, c), (c, 1), n_tok * (w + c))
@@ -309,7 +303,8 @@ class InferenceWorkspace:
         |x|^2`` over a frame's tokens and the group's channels, ``k = G / (S*C)``), written as
         ``x / hypot(|x|, sqrt(eps / k))``: that is ``sqrt(k)`` times the normalised tokens, so
         the projection that reads ``h`` carries ``1 / sqrt(k)`` (:meth:`norm_k`) and the
-        norm weight. Two kernels: the statistic and the fused divide-and-cast.
+        norm weight. One pass over the stream for the statistic and one that divides and casts
+        (``hypot`` acts on the small statistic).
 
         Args:
             groups: norm groups G.
@@ -387,11 +382,19 @@ def temporal_fused(m: TemporalAttention, x: Tensor) -> Tensor:
         h = rms_group_normalize(x, m.norm1.groups, m.norm1.eps, cd)  # (B*T*S, C)
         qkv = torch.addmm(b_in, h, w_in).view(b, t, s, 3, nh, e)  # (B, T, S, 3, nh, E)
         q, k, v = qkv.unbind(3)  # (B, T, S, nh, E) each; one backward op (no zero-filled grads)
+        # sdpa takes strided operands (its output is then token-major); the batched-GEMM
+        # kernels want each sequence contiguous, which LayerNorm writes from a permuted view
+        seq = m.kernel != "sdpa"
+        q, k = (x_.permute(0, 2, 3, 1, 4) if seq else x_ for x_ in (q, k))
         q = F.layer_norm(q, (e,), m.qnorm.weight, m.qnorm.bias, m.qnorm.eps)
         k = F.layer_norm(k, (e,), m.knorm.weight, m.knorm.bias, m.knorm.eps)
-        q = q.view(b, t, s * nh, e).transpose(1, 2)  # (B, S*nh, T, E)
-        k = k.view(b, t, s * nh, e).transpose(1, 2)  # (B, S*nh, T, E)
-        v = v.reshape(b, t, s * nh, e).transpose(1, 2)  # (B, S*nh, T, E)
+        if seq:  # (B, S, nh, T, E) contiguous
+            q, k = q.view(b, s * nh, t, e), k.view(b, s * nh, t, e)  # (B, S*nh, T, E)
+            v = v.permute(0, 2, 3, 1, 4).reshape(b, s * nh, t, e)  # one copy
+        else:  # (B, T, S, nh, E) contiguous
+            q = q.view(b, t, s * nh, e).transpose(1, 2)  # (B, S*nh, T, E)
+            k = k.view(b, t, s * nh, e).transpose(1, 2)
+            v = v.reshape(b, t, s * nh, e).transpose(1, 2)
         o = attention(q, k, v, bias=bias, causal=m.causal, kernel=m.kernel)
         o = o.transpose(1, 2).reshape(b * t * s, c)  # (B*T*S, C)
         out = _residual_gemms(x.view(b * t * s, c), [(o, w_out)], b_out)  # x + γ·proj(o)
@@ -457,33 +460,42 @@ def temporal_inference(m: TemporalAttention, ws: InferenceWorkspace) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _spatial_fused_params(m: SpatialAttention, cd: torch.dtype, rope: Rope) -> tuple[Tensor, ...]:
-    """Folded weights in dtype ``cd``; q/k LayerNorm affines folded into the RoPE tables.
-
-    With ``y = n * w + b`` (``n`` the normalised head), ``rope(y) = n * A + swap(n) * B + D``
-    where ``A = w cos``, ``B = swap(w) sin``, ``D = b cos + swap(b) sin``; q and k stacked.
-    """
+def _spatial_out_params(m: SpatialAttention, cd: torch.dtype) -> tuple[Tensor, ...]:
+    """Output projections in dtype ``cd`` with the layer scale folded in: attention
+    ``(C, C)``, feed-forward ``(M/2, C)`` and its bias ``(C,)``."""
     ff_out = m.ff_out[1]
-    norms = (m.q_norm, m.k_norm)
     params = _present(ff_out.weight, ff_out.bias, m.attn_out.weight, m.gamma_att)
-    params += [p for n in norms for p in (n.weight, n.bias)]
-    cos, sin = rope
 
     def build() -> tuple[Tensor, ...]:
         g = m.gamma_att
         w_att = _layer_scaled(m.attn_out.weight, g).to(cd).t()  # (C, C)
         w_ff = _layer_scaled(ff_out.weight, g).to(cd).t()  # (M/2, C)
         b_ff = _layer_scaled(ff_out.bias, g).to(cd)  # (C,)
-        w = torch.stack([n.weight for n in norms])  # (2, E)
-        bias = torch.stack([n.bias for n in norms])  # (2, E)
-        c32, s32 = cos.float()[:, None], sin.float()[:, None]  # (S, 1, 1, E)
-        tab_a = (w[:, None] * c32).to(cd)  # (S, 2, 1, E)
-        tab_b = (_swap_pairs(w)[:, None] * s32).to(cd)
-        tab_d = (bias[:, None] * c32 + _swap_pairs(bias)[:, None] * s32).to(cd)
-        return w_att, w_ff, b_ff, tab_a, tab_b, tab_d
+        return w_att, w_ff, b_ff
 
-    key = (cd, cos.shape, cos.device)
-    return _derived(m).get(key, params + [cos, sin], build)
+    return _derived(m).get(("out", cd), params, build)
+
+
+def _spatial_rope_params(m: SpatialAttention, cd: torch.dtype, rope: Rope) -> tuple[Tensor, ...]:
+    """RoPE after the q/k LayerNorm affine as one matrix and shift per (q|k, position).
+
+    With ``n`` the normalised head and ``y = n * w + b``: ``rope(y) = y @ R = n @ (diag(w) R)
+    + b @ R`` (:func:`rope_matrices`). Returns ``mats`` ``(2S, E, E)`` and ``shift``
+    ``(2S, 1, E)`` in ``cd``, q rows first; they carry the LayerNorm parameters' gradients.
+    """
+    norms = (m.q_norm, m.k_norm)
+    params = [p for n in norms for p in (n.weight, n.bias)]
+
+    def build() -> tuple[Tensor, ...]:
+        rot = rope_matrices(rope, torch.promote_types(cd, torch.float32))  # (S, E, E)
+        w = torch.stack([n.weight for n in norms]).to(rot.dtype)  # (2, E)
+        bias = torch.stack([n.bias for n in norms]).to(rot.dtype)  # (2, E)
+        mats = (w[:, None, :, None] * rot).to(cd).flatten(0, 1)  # (2S, E, E)
+        shift = torch.matmul(bias[:, None, None], rot).to(cd).flatten(0, 1)  # (2S, 1, E)
+        return mats, shift
+
+    key = ("rope", cd, rope[0].shape, rope[0].device)
+    return _derived(m).get(key, params + list(rope), build)
 
 
 def spatial_fused(
@@ -492,7 +504,8 @@ def spatial_fused(
     """``m(x, rope)`` in fewer passes (no drop path).
 
     The norm weight is folded into the per-group norm scale; q and k are normalised in one
-    LayerNorm call and rotated in place with tables that carry the LayerNorm affine;
+    LayerNorm call written sequence-major, then rotated by one batched GEMM over (q|k,
+    position) whose matrices carry the LayerNorm affine (:func:`_spatial_rope_params`);
     SwiGLU runs in place on the fused output when no gradient is recorded; the attention
     and feed-forward output projections accumulate into one buffer that starts as the
     residual (layer scale folded into their weights).
@@ -509,17 +522,18 @@ def spatial_fused(
     b, t, s, c = x.shape
     nh, e, mlp = m.heads, m.head_dim, m.mlp_dim
     cd = compute_dtype(x)
-    w_att, w_ff, b_ff, tab_a, tab_b, tab_d = _spatial_fused_params(m, cd, rope)
+    w_att, w_ff, b_ff = _spatial_out_params(m, cd)
+    mats, shift = _spatial_rope_params(m, cd, rope)
     norm = m.norm1
     h = rms_group_normalize(x, norm.groups, norm.eps, cd, norm.weight)  # (B*T*S, C)
     f = m.fused_ff_qkv(h)  # (B*T*S, M + 3C): one GEMM on contiguous tokens
     with torch.autocast(x.device.type, enabled=False):
         # one split: its backward is one concatenation (slices would each zero-fill f's shape)
         a, g, qk, v = f.split([mlp // 2, mlp // 2, 2 * c, c], dim=1)  # (B*T*S, M/2 | 2C | C)
-        n = F.layer_norm(qk.view(b * t, s, 2, nh, e), (e,), eps=m.q_norm.eps)  # (B*T,S,2,nh,E)
-        qk = _swap_pairs(n).mul_(tab_b).addcmul_(n, tab_a).add_(tab_d)  # RoPE(LN(q)), k
-        q, k = qk.unbind(2)  # (B*T, S, nh, E) each
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B*T, nh, S, E)
+        qk = qk.view(b * t, s, 2, nh, e).permute(2, 1, 0, 3, 4)  # (2, S, B*T, nh, E) view
+        n = F.layer_norm(qk, (e,), eps=m.q_norm.eps)  # (2, S, B*T, nh, E) contiguous
+        qk = torch.baddbmm(shift, n.view(2 * s, b * t * nh, e), mats)  # RoPE(LN(q)), k
+        q, k = qk.view(2, s, b * t, nh, e).permute(0, 2, 3, 1, 4).unbind(0)  # (B*T,nh,S,E)
         v = v.view(b * t, s, nh, e).transpose(1, 2)  # (B*T, nh, S, E)
         o = attention(q, k, v, kernel=m.kernel)  # (B*T, nh, S, E)
         o = o.transpose(1, 2).reshape(b * t * s, c)  # (B*T*S, C)
@@ -537,7 +551,7 @@ def _spatial_inference_params(
 ) -> tuple[Tensor, ...]:
     """Projection weights for the workspace (norm weight and ``1/sqrt(k)`` folded in, see
     :meth:`InferenceWorkspace.normalize`): ``[ff | v]``, q and k, transposed, with biases;
-    the output weights of :func:`_spatial_fused_params` and the per-position RoPE matrices.
+    the output weights of :func:`_spatial_out_params` and the per-position RoPE matrices.
     """
     lin, c, mlp = m.fused_ff_qkv, m.fused_ff_qkv.in_features, m.mlp_dim
     params = [lin.weight, lin.bias, m.norm1.weight]
@@ -552,7 +566,7 @@ def _spatial_inference_params(
         return w_fv, b_fv, w[q].t(), bias[q], w[k_].t(), bias[k_]
 
     cached = _derived(m).get(("inference", cd, k, rope[0].device), params, build)
-    w_att, w_ff, b_ff = _spatial_fused_params(m, cd, rope)[:3]
+    w_att, w_ff, b_ff = _spatial_out_params(m, cd)
     return (*cached, w_att, w_ff, b_ff, rope_matrices(rope, cd))
 
 

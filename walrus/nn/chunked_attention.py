@@ -298,7 +298,10 @@ class ChunkedAttention(torch.autograd.Function):
         out, lse, probs = _chunked_forward(plan, qf, kf, vf, bf, not keep_probs, keep_probs)
         out = out.to(q.dtype).reshape(*q.shape[:-1], v.shape[-1])
         ctx.plan, ctx.probs, ctx.has_bias = plan, probs, bias is not None
-        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.meta = [(t.shape, t.dtype) for t in (q, k, v)]
+        # keep the flat copies (not the inputs) when no cast was made: backward needs no new one
+        saved = [f if f.dtype == t.dtype else t for f, t in ((qf, q), (kf, k), (vf, v))]
+        ctx.save_for_backward(*saved, bias, out, lse)
         return out
 
     @staticmethod
@@ -310,7 +313,7 @@ class ChunkedAttention(torch.autograd.Function):
         bf = None if bias is None else bias.reshape(plan.bias_shape)
         need_dbias = ctx.has_bias and ctx.needs_input_grad[3]
         dq, dk, dv, db = _chunked_backward(plan, qf, kf, vf, bf, of, gf, lse, ctx.probs, need_dbias)
-        dq, dk, dv = (g.to(t.dtype).reshape(t.shape) for g, t in ((dq, q), (dk, k), (dv, v)))
+        dq, dk, dv = (g.to(dt).reshape(sh) for g, (sh, dt) in zip((dq, dk, dv), ctx.meta))
         db = None if db is None else db.to(bias.dtype).reshape(bias.shape)
         return dq, dk, dv, db, None, None
 
