@@ -93,7 +93,6 @@ def test_fresh_run_holds_only_the_data_dimensionality(compose_cfg, tiny_data_roo
     assert ckpt["walrus"]["model_config"]["include_d"] == [2]
 
 
-@pytest.mark.slow
 def test_ddp_two_gloo_processes_without_unused_parameter_search(tiny_data_root, tmp_path):
     """``trainer=ddp`` (find_unused_parameters: false) trains with 2 CPU processes."""
     overrides = [
@@ -202,7 +201,6 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-@pytest.mark.slow
 def test_fsdp_two_gloo_processes_match_ddp_and_resume_under_either(tiny_data_root, tmp_path):
     """``trainer=fsdp_cpu`` (FSDP2, 2 gloo processes), stopped after 2 steps and resumed to 4,
     ends where an uninterrupted 4-step DDP run ends, and so does a DDP run resumed from the
