@@ -364,11 +364,16 @@ class WalrusModule(pl.LightningModule):
 
         steps = min(self.val_rollout_steps, batch.output_fields.shape[1])
         if steps > 1:
+            # The rollout's first step normalises the same window the same way (fp32 or wider
+            # frames): it reuses ``pred`` instead of running the model again.
+            dtype = batch.input_fields.dtype
+            same_input = dtype == torch.promote_types(dtype, torch.float32)
+            model = _FirstOutputGiven(self.model, pred) if same_input else self.model
             errs = [
                 metrics.vrmse(p.float(), batch.output_fields[:, s].float(), n_spatial=n_sp).mean()
                 for s, p in enumerate(
                     rollout(
-                        self.model,
+                        model,
                         batch,
                         steps,
                         normalizer=self.normalizer,
@@ -417,6 +422,21 @@ class WalrusModule(pl.LightningModule):
             "data_config": self.data_config,
             "normalizer": self.normalizer.config() if hasattr(self.normalizer, "config") else None,
         }
+
+
+class _FirstOutputGiven:
+    """``model`` for a rollout whose first call would repeat a forward already made: that call
+    returns ``first`` (the earlier output), later calls run ``model``."""
+
+    def __init__(self, model: nn.Module, first: Tensor) -> None:
+        self.model = model
+        self.first: Tensor | None = first
+
+    def __call__(self, x: Tensor, fields: Tensor, bcs: Tensor, **kwargs: Any) -> Tensor:
+        if self.first is not None:
+            out, self.first = self.first, None
+            return out
+        return self.model(x, fields, bcs, **kwargs)
 
 
 def _delta_rms(x: Tensor) -> Tensor:
