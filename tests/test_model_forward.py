@@ -180,3 +180,27 @@ def test_clear_config_errors():
         Walrus(6, 32, 1, 4, groups=5)
     with pytest.raises(ValueError, match="temporal_kernel"):
         Walrus(6, 32, 1, 4, groups=4, temporal_kernel="nope")
+
+
+@pytest.mark.parametrize(
+    ("n", "lo", "hi", "shift"),
+    [(16, 6, 6, -1), (16, 3, 5, 7), (16, 0, 2, 0), (16, 4, 4, 16), (4, 6, 9, -3), (5, 5, 5, 2)],
+)
+def test_periodic_padding_equals_a_wrapped_gather(n, lo, hi, shift):
+    """Periodic axes are shifted and wrapped: value and gradient equal the index gather."""
+    from walrus.bcs import BoundaryType
+    from walrus.model.jitter import AxisPlan, pad_axes
+
+    per = int(BoundaryType.PERIODIC)
+    wall = int(BoundaryType.WALL)
+    plans = [AxisPlan(lo, hi, shift, per, per), AxisPlan(2, 1, 0, wall, wall)]
+    x = torch.randn(2, 3, n, 7, dtype=torch.float64, requires_grad=True)
+    idx = (torch.arange(-lo, n + hi) - shift) % n
+    expected = torch.nn.functional.pad(x.index_select(2, idx), [2, 1])  # (2, 3, n+lo+hi, 10)
+    got = pad_axes(x, plans)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    w = torch.randn_like(got)
+    (g_got,) = torch.autograd.grad((got * w).sum(), x)
+    (g_exp,) = torch.autograd.grad((expected * w).sum(), x)
+    torch.testing.assert_close(g_got, g_exp)
