@@ -86,3 +86,27 @@ def test_time_only_run_needs_a_fractional_warmup():
         WarmupCosine(opt, total_steps=None, warmup_steps=100, time_fraction=lambda: 0.0)
     with pytest.raises(ValueError, match="max_time"):
         WarmupCosine(opt, total_steps=None)
+
+
+def test_time_budget_fraction_is_rank_zeros_measure():
+    """Every rank uses rank 0's measure, so distributed ranks share the lr and the stop step."""
+    from types import SimpleNamespace
+
+    from walrus.training.budget import TimeBudget
+
+    now = [0.0]
+    budget = TimeBudget(100, clock=lambda: now[0])
+    budget.on_fit_start(None, None)
+    rank0 = SimpleNamespace(broadcast=lambda value: 0.25)  # what rank 0 measured
+    trainer = SimpleNamespace(strategy=rank0, global_step=1, should_stop=False)
+    now[0] = 60.0  # this rank's clock says 60 % is used
+    budget.on_before_optimizer_step(trainer, None, None)
+    assert budget.measure() == pytest.approx(0.6)
+    assert budget.fraction() == 0.25
+    budget.on_train_batch_start(trainer, None, None, 0)
+    budget.on_train_batch_end(trainer, None, None, None, 0)
+    assert not trainer.should_stop  # rank 0 has time left
+    trainer.strategy = SimpleNamespace(broadcast=lambda value: 1.0)
+    budget.on_before_optimizer_step(trainer, None, None)
+    budget.on_train_batch_end(trainer, None, None, None, 0)
+    assert trainer.should_stop and budget.fraction() == 1.0

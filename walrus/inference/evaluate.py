@@ -58,11 +58,7 @@ def run_evaluate(cfg: DictConfig) -> dict[str, Any]:
         "split": str(cfg.split),
         "n_steps_input": prep.data["n_steps_input"],
         "time_stride": prep.data["time_stride"],
-        "predict_delta": prep.ckpt.predict_delta,
-        "jitter_seed": prep.jitter_seed,
-        "ensemble": prep.members,
-        "cap_delta_unit": prep.cap_delta_unit,
-        "bf16": prep.autocast_dtype is not None,
+        **prep.settings(),
         "notes": notes,
         "datasets": {
             name: {"windows": len(idx), "metrics": module.metrics[name].to_dict()}

@@ -258,6 +258,16 @@ class Prepared:
     members: int = 1
     cap_delta_unit: bool = True
 
+    def settings(self) -> dict[str, Any]:
+        """How the model was run, as both commands report it in ``metrics.json``."""
+        return {
+            "predict_delta": self.ckpt.predict_delta,
+            "jitter_seed": self.jitter_seed,
+            "ensemble": self.members,
+            "cap_delta_unit": self.cap_delta_unit,
+            "bf16": self.autocast_dtype is not None,
+        }
+
 
 # What Hydra itself writes into the run directory (`out`) before a command starts.
 HYDRA_RUN_FILES = frozenset({".hydra", "infer.log"})

@@ -124,11 +124,7 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         "steps_requested": steps,
         "n_steps_input": n_in,
         "time_stride": stride,
-        "predict_delta": prep.ckpt.predict_delta,
-        "jitter_seed": prep.jitter_seed,
-        "ensemble": prep.members,
-        "cap_delta_unit": prep.cap_delta_unit,
-        "bf16": prep.autocast_dtype is not None,
+        **prep.settings(),
         "notes": notes,
         "datasets": {},
     }

@@ -49,7 +49,9 @@ class TimeBudget(pl.Callback):
         fraction = (elapsed + last step's duration) / (duration - validation reserve)
 
     i.e. when the next step would end past the time left after a full validation. Learning-rate
-    schedules read ``fraction()`` to reach their floor at that step.
+    schedules read ``fraction()`` to reach their floor at that step. Rank 0 measures it before each
+    optimizer step and every rank uses that value, so the ranks of a distributed run agree on the
+    learning rate and on when to stop.
 
     Args:
         duration: ``"DD:HH:MM:SS"``, seconds, or a ``timedelta``.
@@ -70,6 +72,7 @@ class TimeBudget(pl.Callback):
         self._val_batches = 0
         self._val_batch_s: float | None = None  # mean seconds per validation batch, measured
         self._full_val_batches = 0.0
+        self._fraction = 0.0  # rank 0's measure before the last optimizer step
 
     def elapsed(self) -> float:
         """Seconds of the budget used so far."""
@@ -84,12 +87,16 @@ class TimeBudget(pl.Callback):
             return 0.0
         return self._val_batch_s * self._full_val_batches
 
-    def fraction(self) -> float:
-        """Share of the training time used once the next step ends, in ``[0, 1]``."""
+    def measure(self) -> float:
+        """Share of the training time used once the next step ends, in ``[0, 1]``, on this rank's clock."""
         if self.stopped:
             return 1.0
         train_time = max(self.duration - self.reserve(), 1e-9)
         return min((self.elapsed() + self._step_s) / train_time, 1.0)
+
+    def fraction(self) -> float:
+        """:meth:`measure` as rank 0 took it before the last optimizer step (1 once stopped)."""
+        return 1.0 if self.stopped else self._fraction
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = self.clock()
@@ -98,6 +105,13 @@ class TimeBudget(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._batch_start = self.clock()
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        # before the scheduler reads it (Lightning steps step-interval schedulers after this
+        # optimizer step and before ``on_train_batch_end``)
+        self._fraction = float(trainer.strategy.broadcast(self.measure()))
 
     def on_train_batch_end(
         self,
@@ -108,8 +122,7 @@ class TimeBudget(pl.Callback):
         batch_idx: int,
     ) -> None:
         self._step_s = self.clock() - self._batch_start
-        stop = bool(trainer.strategy.broadcast(self.fraction() >= 1.0))
-        if stop and not self.stopped:
+        if self._fraction >= 1.0 and not self.stopped:
             self.stopped = True
             trainer.should_stop = True
             rank_zero_info(
