@@ -3,7 +3,7 @@
 ``walrus.rollout`` is the generator function (it shadows the ``walrus/rollout.py`` module of the
 same name as an attribute); import that module's other names with ``from walrus.rollout import``.
 
-The Python loader (``load``, ``from_pretrained``, ``open_dataset``, ``trajectory_batch`` and the
+The Python loader (``load``, ``from_pretrained``, ``open_dataset``, ``trajectory_batch``, ``infer`` and the
 ``InferenceCheckpoint`` they return, see :mod:`walrus.pretrained`) is imported on first use, so
 ``import walrus`` stays light.
 """
@@ -12,7 +12,14 @@ from typing import Any
 
 from walrus.rollout import ensemble_rollout, predict_next, rollout
 
-_LOADER = ("InferenceCheckpoint", "from_pretrained", "load", "open_dataset", "trajectory_batch")
+_LOADER = (
+    "InferenceCheckpoint",
+    "from_pretrained",
+    "infer",
+    "load",
+    "open_dataset",
+    "trajectory_batch",
+)
 
 __all__ = ["ensemble_rollout", "predict_next", "rollout", *_LOADER]
 __version__ = "0.1.0"

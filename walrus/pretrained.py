@@ -5,11 +5,13 @@
 mode), its normaliser, field vocabulary, ``predict_delta``, data config and inference defaults.
 ``walrus.rollout(loaded, batch, steps)`` then runs exactly as ``infer.py rollout`` does.
 ``open_dataset`` and ``trajectory_batch`` give the batch of one trajectory, as infer reads it.
+``infer("rollout", "ckpt_path=...", ...)`` runs an ``infer.py`` command in this process.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from walrus.data.batch import Batch
@@ -22,6 +24,8 @@ from walrus.inference.loading import (
     resolve_data_config,
 )
 from walrus.inference.rollout import load_rollout_sample
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def load(ckpt: str | os.PathLike) -> InferenceCheckpoint:
@@ -110,3 +114,34 @@ def trajectory_batch(
     return load_rollout_sample(
         ds, index, start=start, n_steps_input=ds.n_steps_input, steps=steps, stride=stride
     )
+
+
+def infer(command: str, *overrides: str) -> dict[str, Any]:
+    """Run ``python infer.py COMMAND OVERRIDES...`` in this process (no Hydra run folder).
+
+    ``infer("rollout", f"ckpt_path={ckpt}", "steps=20", f"out={out}")`` composes
+    ``configs/infer.yaml`` with the same overrides as the command line and returns what
+    :func:`walrus.inference.run_rollout` / ``run_evaluate`` return (metrics, files, notes).
+
+    Raises:
+        FileNotFoundError: the repository's ``configs/`` folder is missing (not a source checkout).
+        ValueError: an unknown command or a bad option.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from walrus.inference import COMMANDS, run
+
+    if command not in COMMANDS:
+        raise ValueError(f"unknown command {command!r}; use one of {COMMANDS}")
+    if not (CONFIG_DIR / "infer.yaml").is_file():
+        raise FileNotFoundError(
+            f"{CONFIG_DIR / 'infer.yaml'} not found; run from a source checkout"
+        )
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose(config_name="infer", overrides=[*overrides, f"command={command}"])
+    finally:
+        GlobalHydra.instance().clear()
+    return run(cfg)
