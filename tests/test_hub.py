@@ -196,6 +196,17 @@ def test_fine_tune_in_a_subfolder_with_its_own_config(
     assert loaded.path.parent == offline_cache / "models--org--ft" / hub.CONVERTED_DIR
 
 
+@needs_fixture
+def test_cache_without_links_is_keyed_by_commit(
+    offline_cache: Path, released: dict[str, bytes]
+) -> None:
+    snapshot = offline_cache / "models--org--copies" / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / "walrus.pt").write_bytes(released["walrus.pt"])  # a copy, as without symlinks
+    loaded = walrus.load(f"hf://org/copies@{COMMIT}")
+    assert loaded.path.name == f"{COMMIT}-walrus.pt.ckpt"
+
+
 def test_offline_and_not_cached(offline_cache: Path) -> None:
     with pytest.raises(FileNotFoundError) as info:
         walrus.from_pretrained("org/absent", filename="w.pt", revision="v1")
