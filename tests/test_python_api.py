@@ -122,7 +122,7 @@ def test_ensemble_takes_the_loaded_checkpoint(ckpt: Path) -> None:
 def test_bad_inputs_are_one_line(ckpt: Path, tmp_path: Path) -> None:
     loaded = walrus.load(ckpt)
     with pytest.raises(ValueError, match="jitter_seed must be an int, None or 'checkpoint'"):
-        next(walrus.rollout(loaded.model, None, 1, jitter_seed="yes"))  # type: ignore[arg-type]
+        next(walrus.rollout(loaded, None, 1, jitter_seed="yes"))  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError, match="does not exist"):
         walrus.open_dataset(loaded, tmp_path / "nowhere")
     with pytest.raises(ValueError, match="unknown command 'train'"):

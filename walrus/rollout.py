@@ -27,6 +27,7 @@ jitters), exactly as ``infer.py rollout`` runs it.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -240,9 +241,12 @@ def _settings(
     cap_delta_unit: bool | None,
 ) -> tuple[nn.Module, Normalizer | None, bool, int | None, bool]:
     """The model and rollout settings: given values, else the checkpoint's, else the defaults."""
-    from walrus.inference.loading import InferenceCheckpoint  # imports this module
-
-    if isinstance(model, InferenceCheckpoint):
+    if isinstance(jitter_seed, str) and jitter_seed != CHECKPOINT:
+        raise ValueError(f"jitter_seed must be an int, None or {CHECKPOINT!r}, got {jitter_seed!r}")
+    # A loaded checkpoint exists only once its module is imported; looking it up here avoids
+    # importing Lightning for a bare model (and the import cycle: walrus.inference imports us).
+    loading = sys.modules.get("walrus.inference.loading")
+    if loading is not None and isinstance(model, loading.InferenceCheckpoint):
         ckpt = model
         return (
             ckpt.model,
@@ -251,8 +255,6 @@ def _settings(
             ckpt.default_jitter_seed() if jitter_seed == CHECKPOINT else jitter_seed,
             ckpt.cap_delta_unit if cap_delta_unit is None else cap_delta_unit,
         )
-    if isinstance(jitter_seed, str) and jitter_seed != CHECKPOINT:
-        raise ValueError(f"jitter_seed must be an int, None or {CHECKPOINT!r}, got {jitter_seed!r}")
     return (
         model,
         normalizer,
