@@ -18,13 +18,18 @@ yields their mean and spread.
 
 Model interface: ``model(x (B, T, C, *spatial), fields (C,) long, bcs (n_spatial, 2) long, *,
 jitter_seed=None) -> (B, T', C, *spatial)`` with ``T' = T`` (causal) or ``T' = 1``.
+
+In place of a model, ``rollout`` and ``ensemble_rollout`` take what ``walrus.load`` returns;
+they then default to its normaliser, ``predict_delta`` and jitter setting (seed 0 when it
+jitters), exactly as ``infer.py rollout`` runs it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +37,12 @@ from torch import Tensor, nn
 from walrus.data.batch import Batch
 from walrus.data.normalization import Normalizer, RMSNormalizer
 from walrus.errors import RolloutDivergedError
+
+if TYPE_CHECKING:
+    from walrus.inference.loading import InferenceCheckpoint
+
+# `jitter_seed` default of `rollout`: the loaded checkpoint's jitter setting (no jitter for a model)
+CHECKPOINT = "checkpoint"
 
 # Ensemble member m rolls out with jitter seeds jitter_seed + m * MEMBER_SEED_STRIDE + step - 1.
 MEMBER_SEED_STRIDE = 1_000_003
@@ -93,17 +104,17 @@ def predict_next(
 
 
 def rollout(
-    model: nn.Module,
+    model: nn.Module | InferenceCheckpoint,
     batch: Batch,
     steps: int,
     *,
     normalizer: Normalizer | None = None,
     field_names: Sequence[str] | None = None,
-    predict_delta: bool = True,
-    jitter_seed: int | None = None,
+    predict_delta: bool | None = None,
+    jitter_seed: int | None | Literal["checkpoint"] = CHECKPOINT,
     autocast_dtype: torch.dtype | None = None,
     check_finite: bool = True,
-    cap_delta_unit: bool = True,
+    cap_delta_unit: bool | None = None,
 ) -> Iterator[Tensor]:
     """Roll a model out autoregressively from ``batch.input_fields``.
 
@@ -114,22 +125,26 @@ def rollout(
     window stays alive, so memory does not grow with ``steps``. Put the model in ``eval()`` first.
 
     Args:
-        model: callable as ``model(x, fields, bcs, *, jitter_seed=None)``.
+        model: callable as ``model(x, fields, bcs, *, jitter_seed=None)``, or a checkpoint from
+            ``walrus.load`` / ``walrus.from_pretrained``, whose settings are then the defaults
+            (the same numbers as ``infer.py rollout`` with its default options).
         batch: ``input_fields (B, T_in, C, *spatial)`` are the initial window; ``output_fields``
             are not used.
         steps: number of frames to predict (>= 0).
-        normalizer: ``RMSNormalizer()`` by default, refitted on every window.
+        normalizer: refitted on every window; default: the checkpoint's, else ``RMSNormalizer()``.
         field_names: C names (for ``ZScoreNormalizer`` and error messages); defaults to
             ``batch.metadata['field_names']`` when present.
-        predict_delta: see ``predict_next``.
+        predict_delta: see ``predict_next``; default: the checkpoint's, else True.
         jitter_seed: if given, step ``k`` (1-based) uses seed ``jitter_seed + k - 1``, so runs
-            are reproducible; ``None`` passes ``None`` to the model.
+            are reproducible; ``None`` passes ``None`` to the model (no jitter). The default
+            ``"checkpoint"`` is seed 0 for a checkpoint that jitters by default, else ``None``.
         autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast; the window and
             the outputs stay float32.
         check_finite: raise ``RolloutDivergedError`` on the first prediction with NaN/Inf
             (one host sync per step).
         cap_delta_unit: cap every step's delta unit at the true context window's (see the
-            module docstring); no effect with ``predict_delta=False``.
+            module docstring); no effect with ``predict_delta=False``; default: the
+            checkpoint's, else True.
 
     Yields:
         ``(B, C, *spatial)`` predicted frame in physical units, detached, a normal (non-inference)
@@ -137,6 +152,9 @@ def rollout(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    model, normalizer, predict_delta, jitter_seed, cap_delta_unit = _settings(
+        model, normalizer, predict_delta, jitter_seed, cap_delta_unit
+    )
     names = batch.channel_names(field_names)
     window = batch.input_fields.detach()  # (B, T_in, C, *spatial)
     if not window.is_floating_point():
@@ -173,7 +191,7 @@ def rollout(
 
 
 def ensemble_rollout(
-    model: nn.Module,
+    model: nn.Module | InferenceCheckpoint,
     batch: Batch,
     steps: int,
     *,
@@ -188,7 +206,8 @@ def ensemble_rollout(
     reproducible. Member 0 is exactly ``rollout(..., jitter_seed=jitter_seed)``.
 
     Args:
-        model, batch, steps: as for :func:`rollout`; the model must jitter when given a seed.
+        model, batch, steps: as for :func:`rollout` (a model or a loaded checkpoint); the model
+            must jitter when given a seed.
         members: ensemble size (>= 1).
         jitter_seed: base seed (required: without jitter the members would be identical).
         **kwargs: passed to :func:`rollout` (normalizer, predict_delta, autocast_dtype, ...).
@@ -212,6 +231,37 @@ def ensemble_rollout(
         stack = torch.stack(preds)  # (M, B, C, *spatial)
         spread, mean = torch.std_mean(stack, dim=0, correction=0)
         yield mean, spread
+
+
+def _settings(
+    model: Any,
+    normalizer: Normalizer | None,
+    predict_delta: bool | None,
+    jitter_seed: int | None | str,
+    cap_delta_unit: bool | None,
+) -> tuple[nn.Module, Normalizer | None, bool, int | None, bool]:
+    """The model and rollout settings: given values, else the checkpoint's, else the defaults."""
+    if isinstance(jitter_seed, str) and jitter_seed != CHECKPOINT:
+        raise ValueError(f"jitter_seed must be an int, None or {CHECKPOINT!r}, got {jitter_seed!r}")
+    # A loaded checkpoint exists only once its module is imported; looking it up here avoids
+    # importing Lightning for a bare model (and the import cycle: walrus.inference imports us).
+    loading = sys.modules.get("walrus.inference.loading")
+    if loading is not None and isinstance(model, loading.InferenceCheckpoint):
+        ckpt = model
+        return (
+            ckpt.model,
+            ckpt.normalizer if normalizer is None else normalizer,
+            ckpt.predict_delta if predict_delta is None else predict_delta,
+            ckpt.default_jitter_seed() if jitter_seed == CHECKPOINT else jitter_seed,
+            ckpt.cap_delta_unit if cap_delta_unit is None else cap_delta_unit,
+        )
+    return (
+        model,
+        normalizer,
+        True if predict_delta is None else predict_delta,
+        None if jitter_seed == CHECKPOINT else jitter_seed,
+        True if cap_delta_unit is None else cap_delta_unit,
+    )
 
 
 def _check_finite(pred: Tensor, step: int, names: Sequence[str] | None) -> None:

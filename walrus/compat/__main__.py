@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from walrus.compat.convert import convert_file
+from walrus.compat.released import config_beside
 from walrus.errors import DiskFullError
 
 
@@ -31,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     conv.add_argument(
         "--config",
-        help="official config YAML/JSON, checked against the weights; current layout default: "
-        "the released model's settings",
+        help="official config YAML/JSON, checked against the weights; default: the "
+        "extended_config.yaml beside the checkpoint, else (current layout) the released model's "
+        "settings",
     )
     conv.add_argument(
         "--trust-pickle",
@@ -40,12 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         help="allow pickled Python objects in the file (runs code from it; only for trusted files)",
     )
     args = parser.parse_args(argv)
+    config = args.config or config_beside(args.official)
+    if config is not None and args.config is None:
+        print(f"config: {config} (found beside {args.official})")
     try:
         report = convert_file(
             args.official,
             args.out,
             fields=args.fields,
-            config=args.config,
+            config=config,
             trust_pickle=args.trust_pickle,
         )
     except (ValueError, FileNotFoundError, PermissionError, DiskFullError) as e:

@@ -3,10 +3,13 @@
 The converter uses these when a checkpoint in the current layout comes without a config or
 field names: the released model's settings and its 67-field vocabulary, as published with the
 checkpoint (its ``extended_config.yaml`` and ``field_to_index_map``). Nothing is downloaded.
+``config_beside`` finds the ``extended_config.yaml`` published next to a ``walrus.pt``.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 # Field name of every vocabulary id (``field_to_index_map``, ordered by id). Ids 0-2 are
@@ -52,3 +55,13 @@ RELEASED_MODEL: dict[str, Any] = {
 RELEASED_N_STEPS_INPUT = 6
 # Parameters of the released model (its state dict minus the per-block RoPE frequencies).
 RELEASED_N_PARAMS = 1_286_199_047
+
+# The config published beside the released weights; picked up from the same folder (or the same
+# Hub snapshot) when no config is given.
+CONFIG_FILE = "extended_config.yaml"
+
+
+def config_beside(weights: str | os.PathLike) -> Path | None:
+    """``extended_config.yaml`` in the folder of ``weights``, or ``None`` when there is none."""
+    path = Path(weights).parent / CONFIG_FILE
+    return path if path.is_file() else None

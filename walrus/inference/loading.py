@@ -18,29 +18,41 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from walrus.checkpoint import load_model_and_meta
+from walrus.checkpoint import build_model, load_weights_strict, model_state_dict, walrus_meta
 from walrus.data.datamodule import parse_dataset_specs, resolve_data_root
 from walrus.data.normalization import build_normalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS, WellFile, list_split_files
+from walrus.hub import open_checkpoint
 from walrus.model.compile import compile_mode, compile_model
 
 # data config keys inference reads; the rest of a training data config is ignored
 DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride")
+# infer.py's default `seed`: the jitter seed of rollouts that jitter without a seed given
+DEFAULT_SEED = 0
 
 
 @dataclass
 class InferenceCheckpoint:
-    """A model rebuilt from a walrus checkpoint with what inference needs from its metadata.
+    """A model rebuilt from a checkpoint with what inference needs from its metadata.
+
+    ``walrus.load`` and ``walrus.from_pretrained`` return this; ``walrus.rollout`` takes it in
+    place of a model and then uses its normaliser, ``predict_delta`` and jitter default, as
+    ``infer.py rollout`` does.
 
     Attributes:
-        path: the checkpoint file.
+        path: the walrus checkpoint file read (for a Hub URL, the converted file in the cache;
+            for a local official file, that file).
         model: the model, in eval mode, on the CPU.
         vocab: the field vocabulary the model was trained with.
         predict_delta: whether the model predicts normalised frame deltas.
         data_config: the training run's resolved data config (empty when not stored).
         normalizer: the normaliser the model was trained with (``RMSNormalizer`` if not stored).
+        inference_jitter: whether rollouts jitter by default (``infer.py jitter=null``); they
+            are then seeded with ``DEFAULT_SEED`` unless a seed is given.
+        cap_delta_unit: the delta-unit cap default of rollouts (see ``walrus.rollout``).
+        source: what the checkpoint was loaded from, as given (a path or an ``hf://`` URL).
     """
 
     path: Path
@@ -50,6 +62,26 @@ class InferenceCheckpoint:
     data_config: dict[str, Any] = field(default_factory=dict)
     normalizer: Any = None
     inference_jitter: bool = False
+    cap_delta_unit: bool = True
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        self.source = self.source or str(self.path)
+
+    @property
+    def field_names(self) -> list[str]:
+        """The vocabulary's field names, by id."""
+        return list(self.vocab.names)
+
+    @property
+    def n_steps_input(self) -> int | None:
+        """Input frames of the training data config (``None`` when not stored)."""
+        value = self.data_config.get("n_steps_input")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def default_jitter_seed(self) -> int | None:
+        """The jitter seed of a default rollout: ``DEFAULT_SEED`` when it jitters, else ``None``."""
+        return DEFAULT_SEED if self.inference_jitter else None
 
 
 def require(cfg: DictConfig, key: str, hint: str) -> Any:
@@ -60,20 +92,35 @@ def require(cfg: DictConfig, key: str, hint: str) -> Any:
 
 
 def load_inference_checkpoint(path: str | os.PathLike) -> InferenceCheckpoint:
-    """Rebuild the model, its vocabulary and its training facts from a checkpoint alone."""
-    path = Path(path)
-    model, vocab, meta = load_model_and_meta(path)
+    """Rebuild the model, its vocabulary and its training facts from a checkpoint alone.
+
+    Args:
+        path: a walrus checkpoint, an official Walrus file (converted in memory, see
+            :func:`walrus.hub.open_checkpoint`) or ``hf://ORG/NAME[/FILE][@REVISION]``.
+
+    Raises:
+        FileNotFoundError, ValueError: a missing, unreadable or invalid checkpoint (one line).
+    """
+    ckpt, file = open_checkpoint(path)
+    meta = walrus_meta(ckpt, file)
+    try:
+        model = build_model(meta["model_config"])
+    except ValueError as e:
+        raise ValueError(f"checkpoint {file}: {e}") from None
+    load_weights_strict(model, model_state_dict(ckpt), str(file))
+    del ckpt
     data_config = meta.get("data_config") or {}
     if not isinstance(data_config, Mapping):
-        raise ValueError(f"checkpoint {path}: its data_config is a {type(data_config).__name__}")
+        raise ValueError(f"checkpoint {file}: its data_config is a {type(data_config).__name__}")
     return InferenceCheckpoint(
-        path=path,
+        path=file,
         model=model.eval(),
-        vocab=vocab,
+        vocab=FieldVocabulary.from_dict(meta["vocab"]),
         predict_delta=bool(meta.get("predict_delta", True)),
         data_config=dict(data_config),
         normalizer=build_normalizer(meta.get("normalizer")),
-        inference_jitter=_inference_jitter(meta, model, path),
+        inference_jitter=_inference_jitter(meta, model, file),
+        source=str(path),
     )
 
 
@@ -115,7 +162,7 @@ def resolve_data_config(
         data["root"] = root
     if not data.get("root") or not data.get("datasets"):
         raise ValueError(
-            f"checkpoint {ckpt.path} stores no data config to read from; pass "
+            f"checkpoint {ckpt.source} stores no data config to read from; pass "
             "paths.data_dir=DIR and data.datasets=[...] (or data=<config name>, e.g. "
             "data=navier_stokes_2d)"
         )
@@ -167,10 +214,10 @@ def open_datasets(
         unknown = [n for n in names if n not in ckpt.vocab]
         if unknown:
             raise ValueError(
-                f"dataset {spec.name!r} has fields {unknown} that checkpoint {ckpt.path} was "
+                f"dataset {spec.name!r} has fields {unknown} that checkpoint {ckpt.source} was "
                 f"never trained on (it knows {ckpt.vocab.names}). Fine-tune it on this data "
                 f"first, which adds the new fields: python train.py experiment=finetune "
-                f"init_from={ckpt.path} paths.data_dir={root} data.datasets=[{spec.name}] ; then "
+                f"init_from={ckpt.source} paths.data_dir={root} data.datasets=[{spec.name}] ; then "
                 "run inference with the fine-tuned checkpoint"
             )
         out.append(

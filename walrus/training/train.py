@@ -29,6 +29,7 @@ from walrus.data.datamodule import resolve_data_root
 from walrus.data.normalization import ZScoreNormalizer, build_normalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.errors import TrainingInterrupted
+from walrus.hub import open_checkpoint
 from walrus.model.config import WalrusConfig
 from walrus.options import check_option_types
 from walrus.training.budget import TimeBudget
@@ -51,6 +52,9 @@ def _source_checkpoint(cfg: DictConfig) -> tuple[dict | None, dict | None, str |
     path = cfg.get("init_from") or cfg.get("ckpt_path")
     if not path:
         return None, None, None
+    if cfg.get("init_from"):  # a walrus checkpoint, an official walrus.pt or hf://ORG/NAME...
+        ckpt, file = open_checkpoint(path)
+        return ckpt, walrus_meta(ckpt, file), str(path)
     ckpt = load_checkpoint_file(path)
     return ckpt, walrus_meta(ckpt, path), str(path)
 
