@@ -22,7 +22,7 @@ _PAD_MODE = {"open": "edge", "periodic": "wrap", "wall": "symmetric"}
 
 
 def _minmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return 0.5 * (np.sign(a) + np.sign(b)) * np.minimum(np.abs(a), np.abs(b))
+    return np.maximum(np.minimum(a, b), 0.0) + np.minimum(np.maximum(a, b), 0.0)
 
 
 def primitive(q: np.ndarray, gamma: float) -> np.ndarray:
@@ -41,21 +41,28 @@ def conserved(w: np.ndarray, gamma: float) -> np.ndarray:
 
 
 def _hll(left: np.ndarray, right: np.ndarray, gamma: float) -> np.ndarray:
-    """HLL flux between primitive states ``(b, 4, ...)`` ``(rho, u_n, u_t, p)``, normal along u_n."""
+    """HLL flux between primitive states ``(b, 4, ...)`` ``(rho, u_n, u_t, p)``, normal along u_n.
 
-    def flux(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rho, un, ut, p = w[:, 0], w[:, 1], w[:, 2], w[:, 3]
-        e = p / (gamma - 1) + 0.5 * rho * (un * un + ut * ut)
-        q = np.stack([rho, rho * un, rho * ut, e], axis=1)
-        f = np.stack([rho * un, rho * un * un + p, rho * un * ut, un * (e + p)], axis=1)
-        return q, f, np.sqrt(gamma * p / rho)
-
-    q_l, f_l, c_l = flux(left)
-    q_r, f_r, c_r = flux(right)
-    # clipping the bounds at 0 folds the supersonic cases (flux f_l or f_r) into one formula
-    s_l = np.minimum(np.minimum(left[:, 1] - c_l, right[:, 1] - c_r), 0.0)[:, None]
-    s_r = np.maximum(np.maximum(left[:, 1] + c_l, right[:, 1] + c_r), 0.0)[:, None]
-    return (s_r * f_l - s_l * f_r + s_l * s_r * (q_r - q_l)) / (s_r - s_l)
+    Returns ``(b, 4, ...)`` fluxes of ``(rho, m_n, m_t, E)``.
+    """
+    rl, ul, tl, pl = left[:, 0], left[:, 1], left[:, 2], left[:, 3]
+    rr, ur, tr, pr = right[:, 0], right[:, 1], right[:, 2], right[:, 3]
+    el = pl / (gamma - 1) + 0.5 * rl * (ul * ul + tl * tl)
+    er = pr / (gamma - 1) + 0.5 * rr * (ur * ur + tr * tr)
+    cl, cr = np.sqrt(gamma * pl / rl), np.sqrt(gamma * pr / rr)
+    # clipping the bounds at 0 folds the supersonic cases (flux f_l or f_r) into one formula:
+    # F = (s_r f_l - s_l f_r + s_l s_r (q_r - q_l)) / (s_r - s_l) = a f_l + b f_r + ab (q_r - q_l)
+    s_l = np.minimum(np.minimum(ul - cl, ur - cr), 0.0)
+    s_r = np.maximum(np.maximum(ul + cl, ur + cr), 0.0)
+    inv = 1.0 / (s_r - s_l)
+    a, b, ab = s_r * inv, -s_l * inv, s_l * s_r * inv
+    ml, mr = rl * ul, rr * ur  # mass fluxes
+    f = np.empty_like(left)
+    f[:, 0] = a * ml + b * mr + ab * (rr - rl)
+    f[:, 1] = a * (ml * ul + pl) + b * (mr * ur + pr) + ab * (mr - ml)
+    f[:, 2] = a * ml * tl + b * mr * tr + ab * (rr * tr - rl * tl)
+    f[:, 3] = a * ul * (el + pl) + b * ur * (er + pr) + ab * (er - el)
+    return f
 
 
 def _tendency(
