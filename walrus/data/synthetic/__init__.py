@@ -15,7 +15,17 @@ from pathlib import Path
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from walrus.data.synthetic import advection_diffusion, gray_scott, navier_stokes, shallow_water
+from walrus.data.synthetic import (
+    acoustics,
+    advection_diffusion,
+    burgers,
+    cahn_hilliard,
+    euler,
+    gray_scott,
+    kuramoto_sivashinsky,
+    navier_stokes,
+    shallow_water,
+)
 from walrus.data.synthetic.common import Simulation, System
 from walrus.data.well_file import SPLITS
 from walrus.data.writer import write_well_file
@@ -58,6 +68,51 @@ SYSTEMS: dict[str, System] = {
             advection_diffusion.REGIMES,
             advection_diffusion.simulate,
             "3D advection-diffusion in an ABC flow (periodic, pseudo-spectral)",
+        ),
+        System(
+            "burgers_1d",
+            1,
+            256,
+            80,
+            burgers.REGIMES,
+            burgers.simulate,
+            "1D viscous Burgers with steep fronts (periodic, pseudo-spectral)",
+        ),
+        System(
+            "kuramoto_sivashinsky_1d",
+            1,
+            128,
+            80,
+            kuramoto_sivashinsky.REGIMES,
+            kuramoto_sivashinsky.simulate,
+            "1D Kuramoto-Sivashinsky chaos (periodic, ETDRK4)",
+        ),
+        System(
+            "cahn_hilliard_2d",
+            2,
+            64,
+            80,
+            cahn_hilliard.REGIMES,
+            cahn_hilliard.simulate,
+            "Cahn-Hilliard phase separation (periodic, semi-implicit spectral)",
+        ),
+        System(
+            "euler_riemann_2d",
+            2,
+            64,
+            50,
+            euler.REGIMES,
+            euler.simulate,
+            "2D compressible Euler, four-quadrant Riemann problems (open boundaries, HLL)",
+        ),
+        System(
+            "acoustic_scattering_2d",
+            2,
+            64,
+            80,
+            acoustics.REGIMES,
+            acoustics.simulate,
+            "2D acoustics in a heterogeneous medium between rigid walls (staggered grid)",
         ),
     )
 }
