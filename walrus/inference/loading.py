@@ -21,6 +21,7 @@ from torch import nn
 from walrus.checkpoint import load_model_and_meta
 from walrus.data.datamodule import parse_dataset_specs, resolve_data_root
 from walrus.data.normalization import build_normalizer
+from walrus.data.storage import data_root_exists
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS, WellFile, list_split_files
@@ -119,7 +120,7 @@ def resolve_data_config(
             "paths.data_dir=DIR and data.datasets=[...] (or data=<config name>, e.g. "
             "data=navier_stokes_2d)"
         )
-    if not Path(str(data["root"])).is_dir():
+    if not data_root_exists(data["root"]):
         origin = "checkpoint's training data root" if root is None else "paths.data_dir"
         raise FileNotFoundError(
             f"data root {data['root']} ({origin}) does not exist; pass paths.data_dir=DIR, the "
@@ -158,7 +159,7 @@ def open_datasets(
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    root = Path(str(data["root"]))
+    root = str(data["root"])  # a local path or an fsspec URL
     specs = parse_dataset_specs(_plain(data["datasets"]))
     out = []
     for spec in specs:
