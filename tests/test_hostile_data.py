@@ -15,6 +15,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -24,9 +25,11 @@ from hypothesis import strategies as st
 
 from walrus.data.stats import load_stats
 from walrus.data.storage import data_root_exists
+from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import MAX_WHOLE_ENTRIES, WellFile, open_h5, read_trajectory
 from walrus.data.writer import write_well_file
+from walrus.inference.loading import open_datasets, resolve_data_config
 from walrus.safe_yaml import MAX_YAML_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,6 +147,18 @@ def test_huge_grid_refused_before_a_window_is_read(tmp_path):
     assert "data.max_sample_bytes=100" in _refused(
         lambda: _ds(tmp_path / "small", max_sample_bytes=100), small
     )
+
+
+def test_inference_takes_the_sample_cap_from_the_data_config(tmp_path):
+    path = _write(tmp_path)
+    vocab = FieldVocabulary(["p", "u_x", "u_y"])
+    ckpt = SimpleNamespace(data_config={"datasets": ["toy"]}, path="c.ckpt", vocab=vocab)
+    data = resolve_data_config({"max_sample_bytes": 100}, ckpt, str(tmp_path))
+    with pytest.raises(ValueError, match=r"data\.max_sample_bytes=100 ") as info:
+        open_datasets(data, "train", ckpt)
+    _check_error(info.value, path)
+    data = resolve_data_config({}, ckpt, str(tmp_path))
+    assert len(open_datasets(data, "train", ckpt)[0]) > 0
 
 
 def test_compressed_files_are_not_judged_by_size_on_disk(tmp_path):
@@ -475,6 +490,7 @@ CAPPED = textwrap.dedent(
     import resource, sys
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
     from walrus.data.stats import load_stats
+from walrus.data.vocab import FieldVocabulary
     from walrus.data.well_dataset import WellDataset
     root = sys.argv[1]
     for case in ("scalar", "time", "grid"):

@@ -59,7 +59,8 @@ class WellDataset(Dataset):
         train: draw strides from the range.
         check_finite: raise on NaN/Inf in a window.
         max_sample_bytes: most bytes one read (a window, or a rollout's frames) may need; a
-            file whose windows need more is refused when the dataset is opened.
+            file whose windows need more is refused when the dataset is opened (``None``: the
+            default, 8 GiB).
 
     Each item is a ``Batch`` with a leading batch axis of 1: ``input_fields (1, T_in, C, *S)``,
     ``output_fields (1, T_out, C, *S)``.
@@ -77,14 +78,22 @@ class WellDataset(Dataset):
         fields: Sequence[str] | None = None,
         train: bool = False,
         check_finite: bool = True,
-        max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
+        max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
     ) -> None:
         if n_steps_input < 1 or n_steps_output < 0:
             raise ValueError(
                 f"need n_steps_input >= 1 and n_steps_output >= 0, got {n_steps_input}, {n_steps_output}"
             )
-        if isinstance(max_sample_bytes, bool) or not isinstance(max_sample_bytes, int):
-            raise ValueError(f"max_sample_bytes must be an int, got {max_sample_bytes!r}")
+        if max_sample_bytes is None:
+            max_sample_bytes = DEFAULT_MAX_SAMPLE_BYTES
+        if (
+            isinstance(max_sample_bytes, bool)
+            or not isinstance(max_sample_bytes, int)
+            or max_sample_bytes < 1
+        ):
+            raise ValueError(
+                f"data.max_sample_bytes must be a positive integer, got {max_sample_bytes!r}"
+            )
         self.root, self.dataset, self.split = as_location(root), dataset, split
         self.max_sample_bytes = max_sample_bytes
         self.n_steps_input, self.n_steps_output = n_steps_input, n_steps_output

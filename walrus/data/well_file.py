@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,22 +171,10 @@ def _read_whole(ds: h5py.Dataset, path: Location) -> np.ndarray:
     return np.asarray(ds[()])
 
 
-class _H5Handle(h5py.File):
-    """An ``h5py.File`` over an fsspec file object that closes that object with itself."""
-
-    def __init__(self, fileobj: Any) -> None:
-        super().__init__(fileobj, "r")
-        self._fileobj = fileobj
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._fileobj.close()
-
-
 def open_h5(path: str | os.PathLike) -> h5py.File:
     """Open an HDF5 file read-only: a local path or an fsspec URL, both through fsspec.
+
+    The fsspec file object is closed when the returned handle is garbage-collected.
 
     Raises (each naming the file): FileNotFoundError if it does not exist, PermissionError if
     it may not be read, ValueError for a directory, a FIFO or device, or a non-HDF5 or
@@ -194,12 +183,19 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
     loc = as_location(path)
     fileobj = open_binary(loc)
     try:
-        return _H5Handle(fileobj)
+        handle = h5py.File(fileobj, "r")
+    except PermissionError:
+        fileobj.close()
+        raise PermissionError(
+            f"{loc}: permission denied; this user may not read it (check its permissions)"
+        ) from None
     except (OSError, ValueError) as e:
         fileobj.close()
         raise ValueError(
             f"{loc}: cannot be opened as HDF5 (not an HDF5 file, or truncated): {_one_line(e)}"
         ) from None
+    weakref.finalize(handle, fileobj.close)
+    return handle
 
 
 @dataclass(frozen=True)
@@ -300,7 +296,12 @@ class WellFile:
         self.n_time = int(self.time.shape[-1])
         self.coords: dict[str, np.ndarray] = {}
         for axis in self.spatial_dims:
-            coord = _read_whole(_member(dims, axis, p), p)
+            ds = _member(dims, axis, p)
+            if ds.dtype.kind not in "fiu":
+                raise ValueError(
+                    f"{p}: dimensions/{axis} has dtype {ds.dtype}; coordinates must be real numbers"
+                )
+            coord = _read_whole(ds, p)
             if coord.ndim < 1 or coord.shape[-1] < 1:
                 raise ValueError(
                     f"{p}: dimensions/{axis} has shape {coord.shape}; need one coordinate per "
@@ -567,11 +568,14 @@ class WellFile:
         n_chan = sum(len(comps) for _, comps in selection)
         out_bytes = n_frames * n_chan * n_pts * 4
         field_bytes = max(
-            (n_frames if fi.time_varying else 1)
-            * math.prod(n for n, v in zip(self.spatial_shape, fi.dim_varying) if v)
-            * len(fi.components)
-            * fi.itemsize
-            for fi, _ in selection
+            (
+                (n_frames if fi.time_varying else 1)
+                * math.prod(n for n, v in zip(self.spatial_shape, fi.dim_varying) if v)
+                * len(fi.components)
+                * fi.itemsize
+                for fi, _ in selection
+            ),
+            default=0,
         )
         if out_bytes + field_bytes > max_bytes:
             raise ValueError(

@@ -28,7 +28,7 @@ from walrus.data.well_file import SPLITS, WellFile, list_split_files
 from walrus.model.compile import compile_mode, compile_model
 
 # data config keys inference reads; the rest of a training data config is ignored
-DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride")
+DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride", "max_sample_bytes")
 
 
 @dataclass
@@ -184,6 +184,7 @@ def open_datasets(
                 time_stride=data["time_stride"],
                 vocab=ckpt.vocab,
                 fields=spec.fields,
+                max_sample_bytes=data.get("max_sample_bytes"),
             )
         )
     return out
