@@ -101,7 +101,10 @@ def test_datamodule_and_stats_from_a_url(local_root, memory_root):
 
 def test_url_errors_name_the_location(memory_root):
     assert data_root_exists(memory_root) and data_root_exists(memory_root + "/")
-    assert not data_root_exists(memory_root + "/nope")
+    assert not data_root_exists(memory_root + "/toy/stats.yaml")  # a file
+    # object stores and the Hub have no folder objects: a missing dataset is named instead
+    with pytest.raises(FileNotFoundError, match=r"nope/toy does not exist \(found: \[\]\)"):
+        list_split_files(memory_root + "/nope", "toy", "train")
     with pytest.raises(FileNotFoundError, match=r"other does not exist \(found: \['toy'\]\)"):
         list_split_files(memory_root, "other", "train")
     with pytest.raises(FileNotFoundError, match="data/test does not exist"):
@@ -115,12 +118,18 @@ def test_url_errors_name_the_location(memory_root):
         dm.prepare_data()
 
 
+def test_a_hub_organisation_is_a_data_root():
+    pytest.importorskip("huggingface_hub")
+    # not a repository, so fsspec cannot describe it; parsing it needs no network
+    assert data_root_exists("hf://datasets/polymathic-ai/")
+
+
 def test_inference_accepts_a_url_data_root(memory_root, tmp_path):
     ckpt = SimpleNamespace(data_config={"datasets": ["toy"]}, path="c.ckpt")
     data = resolve_data_config({}, ckpt, memory_root)
     assert data["root"] == memory_root
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        resolve_data_config({}, ckpt, memory_root + "/nope")
+    with pytest.raises(FileNotFoundError, match="stats.yaml .*does not exist"):
+        resolve_data_config({}, ckpt, memory_root + "/toy/stats.yaml")
 
 
 def test_hostile_checks_apply_to_url_files(local_root, memory_root):

@@ -19,7 +19,14 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 from walrus.data.batch import collate
 from walrus.data.sampler import MixedBatchSampler, ResumableDataLoader
 from walrus.data.stats import load_stats, write_stats
-from walrus.data.storage import as_location, exists, is_dir, join, list_dir
+from walrus.data.storage import (
+    as_location,
+    data_root_exists,
+    exists,
+    is_dir,
+    join,
+    list_folders,
+)
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset, evenly_spaced
 from walrus.data.well_file import DEFAULT_MAX_SAMPLE_BYTES, WellFile, list_split_files
@@ -194,9 +201,11 @@ class WellDataModule(L.LightningDataModule):
         from walrus.data.synthetic import SYSTEMS
 
         ddir = join(self.root, name, "data")
-        if is_dir(self.root):
-            found = [n for n, kind in list_dir(self.root) if kind == "directory"]
+        found = list_folders(self.root) if data_root_exists(self.root) else None
+        if found is not None:
             where = f"data root {self.root} holds {found or 'no datasets'}"
+        elif isinstance(self.root, str):
+            where = f"nothing is listed under data root {self.root}"
         else:
             where = f"data root {self.root} does not exist"
         if name not in SYSTEMS:

@@ -87,8 +87,30 @@ def is_dir(loc: Location) -> bool:
 
 
 def data_root_exists(root: str | os.PathLike) -> bool:
-    """Whether a data root (``paths.data_dir``: local folder or fsspec URL) is an existing folder."""
-    return is_dir(as_location(root))
+    """Whether a data root (``paths.data_dir``) may hold datasets.
+
+    A local path must be an existing folder. A URL fails only when it is known not to be a
+    folder (it is a file): object stores and the Hub have no folder objects
+    (``hf://datasets/polymathic-ai`` is an organisation, not a repository), so a missing
+    dataset is reported when its own folder is looked up. An unknown protocol is a
+    ``ValueError``.
+    """
+    loc = as_location(root)
+    if isinstance(loc, Path):
+        return is_dir(loc)
+    fs, path = _fs(loc)
+    try:
+        return fs.info(path).get("type") != "file"
+    except (OSError, ValueError):
+        return True
+
+
+def list_folders(loc: Location) -> list[str] | None:
+    """Names of the folders in ``loc``, sorted; ``None`` when it cannot be listed."""
+    try:
+        return [n for n, kind in list_dir(loc) if kind == "directory"]
+    except (OSError, ValueError):
+        return None
 
 
 def exists(loc: Location) -> bool:

@@ -7,6 +7,10 @@ Vector (t1) and tensor (t2) fields are flattened into named components: ``veloci
 ``x, y`` becomes ``velocity_x, velocity_y``; ``stress`` becomes ``stress_xx, stress_xy, ...``.
 Fields constant in time, shared across trajectories, or constant along an axis are broadcast.
 
+Files are opened through fsspec (``walrus.data.storage``), local paths and URLs alike, and only
+the frames a window needs are read. What a file declares is checked before anything large is
+read (see ``WellFile`` and ``WellFile.check_read_size``).
+
 Shape legend: T time, C channels (field components), S spatial axes (1-3).
 """
 
@@ -27,9 +31,11 @@ from walrus.bcs import BoundaryType
 from walrus.data.storage import (
     Location,
     as_location,
+    data_root_exists,
     is_dir,
     join,
     list_dir,
+    list_folders,
     name,
     open_binary,
     parent,
@@ -681,12 +687,13 @@ def list_split_files(root: str | os.PathLike, dataset: str, split: str) -> list[
     as URLs under it); both are listed through fsspec.
     """
     root = as_location(root)
-    if not is_dir(root):
+    if not data_root_exists(root):
         raise FileNotFoundError(f"data root {root} does not exist (or is not a directory)")
     ddir = join(root, dataset)
     if not is_dir(ddir):
-        available = [n for n, kind in list_dir(root) if kind == "directory"]
-        raise FileNotFoundError(f"dataset directory {ddir} does not exist (found: {available})")
+        available = list_folders(root)
+        found = "its folder cannot be listed" if available is None else f"found: {available}"
+        raise FileNotFoundError(f"dataset directory {ddir} does not exist ({found})")
     sdir = join(ddir, "data", split)
     if not is_dir(sdir):
         raise FileNotFoundError(
