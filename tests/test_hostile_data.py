@@ -490,7 +490,6 @@ CAPPED = textwrap.dedent(
     import resource, sys
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
     from walrus.data.stats import load_stats
-from walrus.data.vocab import FieldVocabulary
     from walrus.data.well_dataset import WellDataset
     root = sys.argv[1]
     for case in ("scalar", "time", "grid"):
