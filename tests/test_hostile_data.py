@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from walrus.compat.inputs import read_config
 from walrus.data.stats import load_stats
 from walrus.data.storage import data_root_exists
 from walrus.data.vocab import FieldVocabulary
@@ -319,6 +320,16 @@ def test_bad_stats_yaml_one_line(tmp_path, text, message):
     with pytest.raises(ValueError, match=message) as info:
         load_stats(path)
     _check_error(info.value, path)
+
+
+def test_released_config_yaml_read_by_the_same_loader(tmp_path):
+    path = tmp_path / "extended_config.yaml"
+    path.write_text(ALIAS_BOMB)
+    with pytest.raises(ValueError, match="not valid YAML/JSON: .*line 1: anchors") as info:
+        read_config(path)
+    _check_error(info.value, path)
+    path.write_text("model: {dim: 8}\n")
+    assert read_config(path) == {"model": {"dim": 8}}
 
 
 def test_stats_yaml_valid_and_fifo(tmp_path):

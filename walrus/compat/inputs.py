@@ -121,7 +121,8 @@ def _load_yaml(path: str | os.PathLike, what: str) -> Any:
     try:
         return load_yaml(path)  # no aliases, tags or files over 1 MiB
     except ValueError as e:
-        raise ValueError(f"{what} file {path} is not valid YAML/JSON: {e}") from None
+        reason = str(e).removeprefix(f"{path}: ")
+        raise ValueError(f"{what} file {path} is not valid YAML/JSON: {reason}") from None
 
 
 def field_map(obj: Mapping[str, Any]) -> Any:
