@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import Tensor
 
 from walrus.checkpoint import pickled_object, sniff_format
+from walrus.safe_yaml import load_yaml
 
 WRAPPER_KEYS = ("model_state_dict", "state_dict")
 PREFIXES = ("module.", "_orig_mod.")
@@ -119,10 +119,10 @@ def _load_yaml(path: str | os.PathLike, what: str) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"{what} file {path} does not exist")
     try:
-        return yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"{what} file {path} is not valid YAML/JSON: {first}") from None
+        return load_yaml(path)  # no aliases, tags or files over 1 MiB
+    except ValueError as e:
+        reason = str(e).removeprefix(f"{path}: ")
+        raise ValueError(f"{what} file {path} is not valid YAML/JSON: {reason}") from None
 
 
 def field_map(obj: Mapping[str, Any]) -> Any:

@@ -10,7 +10,6 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -20,9 +19,17 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 from walrus.data.batch import collate
 from walrus.data.sampler import MixedBatchSampler, ResumableDataLoader
 from walrus.data.stats import load_stats, write_stats
+from walrus.data.storage import (
+    as_location,
+    data_root_exists,
+    exists,
+    is_dir,
+    join,
+    list_folders,
+)
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset, evenly_spaced
-from walrus.data.well_file import WellFile, list_split_files
+from walrus.data.well_file import DEFAULT_MAX_SAMPLE_BYTES, WellFile, list_split_files
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,8 @@ class WellDataModule(L.LightningDataModule):
     """Train/val/test loaders over one or many Well datasets under ``root``.
 
     Args:
-        root: data root holding ``{dataset}/data/{split}/*.hdf5``.
+        root: data root holding ``{dataset}/data/{split}/*.hdf5``: a local folder or an fsspec
+            URL (``hf://datasets/polymathic-ai/``, ``memory://...``); URLs are read-only.
         datasets: names, or mappings ``{name, weight, fields}``. With any weight given,
             batches are drawn by weight (missing weights count 1); else by dataset size.
         n_steps_input, n_steps_output: frames per window.
@@ -110,6 +118,8 @@ class WellDataModule(L.LightningDataModule):
         batches_per_epoch: training batches per epoch when sampling by weight.
         val_steps_output: target frames per val/test window (default ``n_steps_output``); more
             frames give the validation rollout something to compare against.
+        max_sample_bytes: most bytes one window may need (checked from the files' declared
+            shapes before anything is read).
     """
 
     def __init__(
@@ -130,11 +140,13 @@ class WellDataModule(L.LightningDataModule):
         max_val_windows: int | None = 256,
         batches_per_epoch: int | None = None,
         val_steps_output: int | None = None,
+        max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
     ) -> None:
         super().__init__()
         if normalization not in ("rms", "zscore"):
             raise ValueError(f"normalization must be 'rms' or 'zscore', got {normalization!r}")
-        self.root = Path(root)
+        self.root = as_location(root)
+        self.max_sample_bytes = max_sample_bytes
         self.specs = parse_dataset_specs(datasets)
         self.n_steps_input, self.n_steps_output = n_steps_input, n_steps_output
         self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
@@ -165,18 +177,18 @@ class WellDataModule(L.LightningDataModule):
                 the data root holds).
         """
         for spec in self.specs:
-            ddir = self.root / spec.name
-            if not (ddir / "data").is_dir():
+            ddir = join(self.root, spec.name)
+            if not is_dir(join(ddir, "data")):
                 self._generate(spec.name)
-            if self.normalization == "zscore" and not (ddir / "stats.yaml").is_file():
+            if self.normalization == "zscore" and not exists(join(ddir, "stats.yaml")):
                 write_stats(ddir)
 
     def _generate(self, name: str) -> None:
         """Generate built-in dataset ``name`` under ``root`` if asked to, else raise."""
         from walrus.data.synthetic import SYSTEMS, generate
 
-        if not self.generate_if_missing or name not in SYSTEMS:
-            raise self._missing(name)
+        if not self.generate_if_missing or name not in SYSTEMS or isinstance(self.root, str):
+            raise self._missing(name)  # a URL root is read-only: nothing is generated there
         print(
             f"note: dataset {name!r} is not under {self.root}; generating it there "
             "(data.generate_if_missing=true)",
@@ -188,16 +200,20 @@ class WellDataModule(L.LightningDataModule):
         """The error for dataset ``name`` missing under ``root``: what exists, and what to do."""
         from walrus.data.synthetic import SYSTEMS
 
-        ddir = self.root / name / "data"
-        if self.root.is_dir():
-            found = sorted(d.name for d in self.root.iterdir() if d.is_dir())
+        ddir = join(self.root, name, "data")
+        found = list_folders(self.root) if data_root_exists(self.root) else None
+        if found is not None:
             where = f"data root {self.root} holds {found or 'no datasets'}"
+        elif isinstance(self.root, str):
+            where = f"nothing is listed under data root {self.root}"
         else:
             where = f"data root {self.root} does not exist"
         if name not in SYSTEMS:
             todo = (
                 f"fix paths.data_dir or the dataset name (built-in systems: {', '.join(SYSTEMS)})"
             )
+        elif isinstance(self.root, str):
+            todo = "fix paths.data_dir or the dataset name (nothing is generated under a URL)"
         elif self.generate_if_missing:
             todo = "call prepare_data() first to generate it"
         else:
@@ -216,7 +232,7 @@ class WellDataModule(L.LightningDataModule):
         if self._vocab is None:
             vocab = FieldVocabulary(self.base_vocab.names if self.base_vocab is not None else ())
             for spec in self.specs:
-                if not (self.root / spec.name / "data").is_dir():
+                if not is_dir(join(self.root, spec.name, "data")):
                     raise self._missing(spec.name)
                 wf = WellFile(list_split_files(self.root, spec.name, "train")[0])
                 vocab.add(wf.channel_names(spec.fields))
@@ -232,7 +248,7 @@ class WellDataModule(L.LightningDataModule):
 
     def stats(self, dataset: str) -> dict[str, dict[str, float]]:
         """Z-score statistics of ``dataset`` from its ``stats.yaml``."""
-        return load_stats(self.root / dataset / "stats.yaml")
+        return load_stats(join(self.root, dataset, "stats.yaml"))
 
     def _datasets(self, split: str) -> list[WellDataset]:
         if split not in self._sets:
@@ -250,6 +266,7 @@ class WellDataModule(L.LightningDataModule):
                     vocab=self.vocab,
                     fields=spec.fields,
                     train=split == "train",
+                    max_sample_bytes=self.max_sample_bytes,
                 )
                 for spec in self.specs
             ]

@@ -19,7 +19,9 @@ import numpy as np
 import yaml
 
 from walrus.atomic import write_text_atomic
+from walrus.data.storage import as_location, check_regular_file, is_url, name, parent
 from walrus.data.well_file import WellFile, list_split_files, open_h5
+from walrus.safe_yaml import load_yaml
 
 STAT_KEYS = ("mean", "std", "rms", "mean_delta", "std_delta", "rms_delta")
 
@@ -53,15 +55,15 @@ def compute_stats(
     """Statistics of every field component over one split.
 
     Args:
-        dataset_dir: ``ROOT/DATASET``.
+        dataset_dir: ``ROOT/DATASET``, a local folder or an fsspec URL.
         split: split to stream over.
         max_bytes: upper bound on the frames read at once.
 
     Returns:
         ``{stat: {component name: value}}`` for ``stat`` in ``STAT_KEYS``.
     """
-    dataset_dir = Path(dataset_dir)
-    files = [WellFile(p) for p in list_split_files(dataset_dir.parent, dataset_dir.name, split)]
+    loc = as_location(dataset_dir)
+    files = [WellFile(p) for p in list_split_files(parent(loc), name(loc), split)]
     names = files[0].field_names
     values, deltas = _Moments(len(names)), _Moments(len(names))
     for wf in files:
@@ -93,7 +95,13 @@ def compute_stats(
 
 
 def write_stats(dataset_dir: str | os.PathLike, split: str = "train") -> Path:
-    """Compute and atomically write ``dataset_dir/stats.yaml``; returns its path."""
+    """Compute and atomically write ``dataset_dir/stats.yaml`` (a local folder); returns its path."""
+    if is_url(dataset_dir):
+        raise ValueError(
+            f"{dataset_dir}/stats.yaml is missing and walrus does not write under a URL; use "
+            "data.normalization=rms, or compute it on a local copy (python -m walrus.data.stats "
+            "DIR) and put it there"
+        )
     dataset_dir = Path(dataset_dir)
     stats = compute_stats(dataset_dir, split)
     path = dataset_dir / "stats.yaml"
@@ -103,47 +111,70 @@ def write_stats(dataset_dir: str | os.PathLike, split: str = "train") -> Path:
 def load_stats(
     path: str | os.PathLike, spatial_dims: Sequence[str] = ("x", "y", "z")
 ) -> dict[str, dict[str, float]]:
-    """Read a ``stats.yaml``, flattening per-field lists into component names.
+    """Read a ``stats.yaml`` (local path or fsspec URL), flattening per-field lists.
 
     Real Well files store a vector field's statistic as a list (``velocity: [a, b]``) and a
     tensor's as a nested list; these become ``velocity_x, velocity_y`` and ``stress_xx, ...``.
+    The file is read with ``walrus.safe_yaml`` (no aliases, no tags, at most 1 MiB); every
+    value must be a finite number (or a list of them). Sections that are not mappings are
+    skipped.
 
     Returns:
         ``{stat: {component name: float}}``.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: anything else wrong, naming file and key.
     """
-    path = Path(path)
-    if not path.is_file():
+    loc = as_location(path)
+    try:
+        check_regular_file(loc)
+    except FileNotFoundError:
         raise FileNotFoundError(
-            f"{path}: no such stats file (run python -m walrus.data.stats {path.parent})"
-        )
-    with open(path) as f:
-        raw = yaml.safe_load(f)
+            f"{loc}: no such stats file (run python -m walrus.data.stats {parent(loc)})"
+        ) from None
+    raw = load_yaml(loc)
     if not isinstance(raw, Mapping):
-        raise ValueError(f"{path}: expected a mapping of statistics, got {type(raw).__name__}")
+        raise ValueError(f"{loc}: expected a mapping of statistics, got {type(raw).__name__}")
     out: dict[str, dict[str, float]] = {}
     for key, table in raw.items():
         if not isinstance(table, Mapping):
             continue
         flat: dict[str, float] = {}
-        for name, value in table.items():
-            _flatten(flat, str(name), value, spatial_dims, path)
+        for field, value in table.items():
+            _flatten(flat, str(field), value, spatial_dims, f"{loc}: {key}.{field}")
         out[str(key)] = flat
     return out
 
 
-def _flatten(out: dict[str, float], name: str, value: Any, dims: Sequence[str], path: Path) -> None:
-    arr = np.asarray(value, dtype=np.float64)
-    if arr.ndim == 0:
-        out[name] = float(arr)
-    elif arr.ndim == 1:
-        for a, v in zip(dims, arr):
-            out[f"{name}_{a}"] = float(v)
-    elif arr.ndim == 2:
-        for i, a in enumerate(dims[: arr.shape[0]]):
-            for j, b in enumerate(dims[: arr.shape[1]]):
-                out[f"{name}_{a}{b}"] = float(arr[i, j])
-    else:
-        raise ValueError(f"{path}: statistic for {name!r} has {arr.ndim} dimensions")
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}: expected a number, got {type(value).__name__} {value!r:.40}")
+    try:
+        x = float(value)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):
+        raise ValueError(f"{where}: expected a finite number, got {value!r:.40}")
+    return x
+
+
+def _flatten(out: dict[str, float], name: str, value: Any, dims: Sequence[str], where: str) -> None:
+    """Add statistic ``value`` of field ``name`` (a number, a list, or a list of lists)."""
+    if not isinstance(value, list):
+        out[name] = _number(value, where)
+        return
+    if len(value) > len(dims):
+        raise ValueError(f"{where}: {len(value)} entries, but at most {len(dims)} axes")
+    if len({isinstance(v, list) for v in value}) > 1:
+        raise ValueError(f"{where}: mixes numbers and lists")
+    for i, (a, v) in enumerate(zip(dims, value)):
+        if not isinstance(v, list):
+            out[f"{name}_{a}"] = _number(v, f"{where}[{i}]")
+            continue
+        if len(v) > len(dims):
+            raise ValueError(f"{where}[{i}]: {len(v)} entries, but at most {len(dims)} axes")
+        for j, (b, x) in enumerate(zip(dims, v)):
+            out[f"{name}_{a}{b}"] = _number(x, f"{where}[{i}][{j}]")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import h5py
@@ -20,8 +19,12 @@ import torch
 from torch.utils.data import Dataset
 
 from walrus.data.batch import Batch
+from walrus.data.storage import Location, as_location, join
 from walrus.data.vocab import FieldVocabulary
-from walrus.data.well_file import WellFile, list_split_files, open_h5
+from walrus.data.well_file import DEFAULT_MAX_SAMPLE_BYTES, WellFile, list_split_files, open_h5
+
+# Windows one split may hold: samplers build an index list per epoch, so more is refused.
+MAX_WINDOWS = 10**8
 
 
 def _stride_range(time_stride: int | Sequence[int]) -> tuple[int, int]:
@@ -41,7 +44,8 @@ class WellDataset(Dataset):
     """Windows of frames from one Well dataset split, read lazily.
 
     Args:
-        root: folder holding ``{dataset}/data/{split}/*.hdf5``.
+        root: folder holding ``{dataset}/data/{split}/*.hdf5``: a local path or an fsspec URL
+            (``memory://...``, ``file://...``, ``hf://datasets/polymathic-ai/``).
         dataset: dataset folder name (e.g. ``navier_stokes_2d``, ``turbulent_radiative_layer_2D``).
         split: ``train``, ``valid`` or ``test``.
         n_steps_input: input frames per window.
@@ -54,6 +58,9 @@ class WellDataset(Dataset):
             ``velocity``); default all.
         train: draw strides from the range.
         check_finite: raise on NaN/Inf in a window.
+        max_sample_bytes: most bytes one read (a window, or a rollout's frames) may need; a
+            file whose windows need more is refused when the dataset is opened (``None``: the
+            default, 8 GiB).
 
     Each item is a ``Batch`` with a leading batch axis of 1: ``input_fields (1, T_in, C, *S)``,
     ``output_fields (1, T_out, C, *S)``.
@@ -71,12 +78,24 @@ class WellDataset(Dataset):
         fields: Sequence[str] | None = None,
         train: bool = False,
         check_finite: bool = True,
+        max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
     ) -> None:
         if n_steps_input < 1 or n_steps_output < 0:
             raise ValueError(
                 f"need n_steps_input >= 1 and n_steps_output >= 0, got {n_steps_input}, {n_steps_output}"
             )
-        self.root, self.dataset, self.split = Path(root), dataset, split
+        if max_sample_bytes is None:
+            max_sample_bytes = DEFAULT_MAX_SAMPLE_BYTES
+        if (
+            isinstance(max_sample_bytes, bool)
+            or not isinstance(max_sample_bytes, int)
+            or max_sample_bytes < 1
+        ):
+            raise ValueError(
+                f"data.max_sample_bytes must be a positive integer, got {max_sample_bytes!r}"
+            )
+        self.root, self.dataset, self.split = as_location(root), dataset, split
+        self.max_sample_bytes = max_sample_bytes
         self.n_steps_input, self.n_steps_output = n_steps_input, n_steps_output
         self.stride_lo, self.stride_hi = _stride_range(time_stride)
         self.train, self.check_finite = train, check_finite
@@ -109,11 +128,18 @@ class WellDataset(Dataset):
                     f"({wf.n_time} steps)"
                 )
             self._windows_per_traj.append(n)
+        for wf, sel in zip(self.files, self.selections):
+            wf.check_read_size(sel, self.window_length, self.max_sample_bytes)
         counts = [wf.n_trajectories * n for wf, n in zip(self.files, self._windows_per_traj)]
+        if sum(counts) > MAX_WINDOWS:
+            raise ValueError(
+                f"{join(self.root, dataset, 'data', split)}: the files declare {sum(counts):,} "
+                f"windows, more than the {MAX_WINDOWS:,} one split may hold"
+            )
         self._offsets = np.cumsum([0, *counts]).tolist()
         traj_counts = [wf.n_trajectories for wf in self.files]
         self._traj_offsets = np.cumsum([0, *traj_counts]).tolist()
-        self._handles: dict[Path, h5py.File] = {}
+        self._handles: dict[Location, h5py.File] = {}
         self._pid = os.getpid()
 
     @property
@@ -132,7 +158,7 @@ class WellDataset(Dataset):
         state["_handles"] = {}
         return state
 
-    def _handle(self, path: Path) -> h5py.File:
+    def _handle(self, path: Location) -> h5py.File:
         # one handle per process: a DataLoader worker opens its own after the fork
         pid = os.getpid()
         if pid != self._pid:
@@ -175,7 +201,14 @@ class WellDataset(Dataset):
         """``n`` frames of trajectory ``traj`` of file ``k`` from ``start``, as a B=1 batch."""
         wf = self.files[k]
         frames = wf.read(
-            self._handle(wf.path), self.selections[k], traj, start, n, stride, self.check_finite
+            self._handle(wf.path),
+            self.selections[k],
+            traj,
+            start,
+            n,
+            stride,
+            self.check_finite,
+            self.max_sample_bytes,
         )  # (T, C, *S)
         x = torch.from_numpy(frames)[None]  # (1, T, C, *S)
         return Batch(

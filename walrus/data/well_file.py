@@ -7,25 +7,53 @@ Vector (t1) and tensor (t2) fields are flattened into named components: ``veloci
 ``x, y`` becomes ``velocity_x, velocity_y``; ``stress`` becomes ``stress_xx, stress_xy, ...``.
 Fields constant in time, shared across trajectories, or constant along an axis are broadcast.
 
+Files are opened through fsspec (``walrus.data.storage``), local paths and URLs alike, and only
+the frames a window needs are read. What a file declares is checked before anything large is
+read (see ``WellFile`` and ``WellFile.check_read_size``).
+
 Shape legend: T time, C channels (field components), S spatial axes (1-3).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
 from walrus.bcs import BoundaryType
+from walrus.data.storage import (
+    Location,
+    as_location,
+    data_root_exists,
+    is_dir,
+    join,
+    list_dir,
+    list_folders,
+    name,
+    open_binary,
+    parent,
+)
 
 FIELD_GROUPS = ("t0_fields", "t1_fields", "t2_fields")
 SPLITS = ("train", "valid", "test")
+
+# Arrays read whole when a file is opened (time, coordinates, scalars, boundary masks) and the
+# trajectory count may not declare more entries than this; fields are read one window at a time.
+MAX_WHOLE_ENTRIES = 10**7
+# Default bound on the bytes of one read (a window, or a rollout's frames), option
+# ``data.max_sample_bytes``; checked before anything is allocated.
+DEFAULT_MAX_SAMPLE_BYTES = 8 << 30
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def _as_str(value: Any) -> str:
@@ -39,45 +67,141 @@ def _as_str(value: Any) -> str:
 def _as_strs(value: Any) -> list[str]:
     if isinstance(value, str | bytes):
         return [_as_str(value)]
-    return [_as_str(v) for v in np.atleast_1d(np.asarray(value, dtype=object))]
+    return [_as_str(v) for v in np.atleast_1d(np.asarray(value, dtype=object)).reshape(-1)]
 
 
-def _attr(obj: h5py.HLObject, key: str, path: Path) -> Any:
+def _attr(obj: h5py.HLObject, key: str, path: Location) -> Any:
     if key not in obj.attrs:
         where = obj.name if obj.name != "/" else "the root group"
         raise ValueError(f"{path}: attribute {key!r} is missing from {where}")
     return obj.attrs[key]
 
 
-def _group(f: h5py.File, key: str, path: Path) -> h5py.Group:
-    if key not in f or not isinstance(f[key], h5py.Group):
-        raise ValueError(f"{path}: group {key!r} is missing; not a Well file?")
-    return f[key]
+def _where(obj: h5py.HLObject) -> str:
+    return "the root group" if obj.name == "/" else str(obj.name).lstrip("/")
+
+
+def _int_attr(obj: h5py.HLObject, key: str, path: Location, lo: int, hi: int) -> int:
+    """Integer attribute ``key`` of ``obj`` in ``[lo, hi]``."""
+    value = _attr(obj, key, path)
+    arr = np.asarray(value)
+    ok = arr.size == 1 and (arr.dtype.kind in "iu" or (arr.dtype.kind == "f" and arr.ndim == 0))
+    if ok:
+        v = arr.reshape(()).item()
+        ok = isinstance(v, int) or (math.isfinite(v) and float(v).is_integer())
+    if not ok:
+        raise ValueError(
+            f"{path}: attribute {key!r} of {_where(obj)} must be an integer, got {value!r:.60}"
+        )
+    v = int(v)
+    if not lo <= v <= hi:
+        raise ValueError(
+            f"{path}: attribute {key!r} of {_where(obj)} is {v}; it must be in [{lo}, {hi:,}]"
+        )
+    return v
+
+
+def _bool_attr(obj: h5py.HLObject, key: str, path: Location, default: bool) -> bool:
+    if key not in obj.attrs:
+        return default
+    arr = np.asarray(obj.attrs[key])
+    if arr.size != 1 or arr.dtype.kind not in "biu" or arr.reshape(()).item() not in (0, 1):
+        raise ValueError(
+            f"{path}: attribute {key!r} of {_where(obj)} must be true or false, got "
+            f"{obj.attrs[key]!r:.60}"
+        )
+    return bool(arr.reshape(()).item())
+
+
+def _plain_name(value: str, path: Location, where: str) -> str:
+    """A dataset or group name listed in an attribute: one path component, never a path."""
+    if not value or value in (".", "..") or "/" in value or "\0" in value:
+        raise ValueError(
+            f"{path}: {where} lists {value!r}, which is not a plain dataset name (no '/', "
+            "not empty)"
+        )
+    return value
+
+
+def _check_storage(ds: h5py.Dataset, path: Location) -> None:
+    """Refuse data kept outside the file: HDF5 external raw storage and virtual datasets."""
+    where = str(ds.name).lstrip("/")
+    if ds.is_virtual:
+        raise ValueError(
+            f"{path}: dataset {where} is a virtual dataset (its data lives in other datasets or "
+            "files); walrus reads only data stored in the file itself"
+        )
+    if ds.external:
+        raise ValueError(
+            f"{path}: dataset {where} keeps its data in external raw storage "
+            f"({ds.external[0][0]!r}); walrus refuses it, since it can point at any file"
+        )
+
+
+def _member(group: h5py.Group, key: str, path: Location, kind: type = h5py.Dataset) -> Any:
+    """Member ``key`` of ``group``, checked to be a ``kind`` held in this file."""
+    where = f"{_where(group)}/{key}" if group.name != "/" else key
+    link = group.get(key, getlink=True)
+    if link is None:
+        what = "group" if kind is h5py.Group else "dataset"
+        suffix = "; not a Well file?" if kind is h5py.Group else ""
+        raise ValueError(f"{path}: {what} {where!r} is missing{suffix}")
+    if isinstance(link, h5py.ExternalLink):
+        raise ValueError(
+            f"{path}: {where} is a link to another file ({link.filename}); walrus reads only "
+            "data stored in the file itself"
+        )
+    obj = group.get(key)
+    if not isinstance(obj, kind):
+        what = "a group" if kind is h5py.Group else "a dataset"
+        raise ValueError(f"{path}: {where} is not {what}")
+    if isinstance(obj, h5py.Dataset):
+        _check_storage(obj, path)
+    return obj
+
+
+def _group(f: h5py.File, key: str, path: Location) -> h5py.Group:
+    return _member(f, key, path, h5py.Group)
+
+
+def _read_whole(ds: h5py.Dataset, path: Location) -> np.ndarray:
+    """All of a small dataset (time, a coordinate, a scalar, a mask), bounded before reading."""
+    where = str(ds.name).lstrip("/")
+    if ds.shape is None:
+        raise ValueError(f"{path}: dataset {where} holds no data (an empty dataspace)")
+    if ds.size > MAX_WHOLE_ENTRIES:
+        raise ValueError(
+            f"{path}: dataset {where} declares shape {ds.shape} ({ds.size:,} entries); walrus "
+            f"reads it whole and refuses more than {MAX_WHOLE_ENTRIES:,}"
+        )
+    return np.asarray(ds[()])
 
 
 def open_h5(path: str | os.PathLike) -> h5py.File:
-    """Open an HDF5 file read-only.
+    """Open an HDF5 file read-only: a local path or an fsspec URL, both through fsspec.
+
+    The fsspec file object is closed when the returned handle is garbage-collected.
 
     Raises (each naming the file): FileNotFoundError if it does not exist, PermissionError if
-    it may not be read, ValueError for a directory or a non-HDF5 or truncated file.
+    it may not be read, ValueError for a directory, a FIFO or device, or a non-HDF5 or
+    truncated file.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path}: is a directory, not an HDF5 file")
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
-    if not path.is_file():
-        raise ValueError(f"{path}: not a regular file, so not an HDF5 file")
+    loc = as_location(path)
+    fileobj = open_binary(loc)
     try:
-        return h5py.File(path, "r")
+        handle = h5py.File(fileobj, "r")
     except PermissionError:
+        fileobj.close()
         raise PermissionError(
-            f"{path}: permission denied; this user may not read it (check its permissions)"
+            f"{loc}: permission denied; this user may not read it (check its permissions)"
         ) from None
-    except OSError as e:
+    except (OSError, ValueError) as e:
+        fileobj.close()
         raise ValueError(
-            f"{path}: cannot be opened as HDF5 (not an HDF5 file, or truncated): {e}"
+            f"{loc}: cannot be opened as HDF5 (not an HDF5 file, or truncated): {_one_line(e)}"
         ) from None
+    weakref.finalize(handle, fileobj.close)
+    return handle
 
 
 @dataclass(frozen=True)
@@ -93,6 +217,8 @@ class FieldInfo:
         sample_varying: whether the dataset has a trajectory axis.
         dim_varying: per spatial axis, whether the dataset has that axis.
         flat_tensor: t2 stored as ``D*D`` on one trailing axis rather than ``(D, D)``.
+        shape: the dataset's shape, as checked against the file's dimensions.
+        itemsize: bytes per stored value.
     """
 
     name: str
@@ -103,13 +229,22 @@ class FieldInfo:
     sample_varying: bool
     dim_varying: tuple[bool, ...]
     flat_tensor: bool = False
+    shape: tuple[int, ...] = ()
+    itemsize: int = 4
 
 
 class WellFile:
     """Metadata of one Well HDF5 file, read once; the file is closed afterwards.
 
+    Opening checks every declared size before reading anything: each field's shape against the
+    grid, time and trajectory counts; at most ``MAX_WHOLE_ENTRIES`` entries in what is read
+    whole (time, coordinates, scalars, boundary masks) and trajectories; strictly increasing
+    time; masks matching their axes. Data outside the file (external raw storage, virtual
+    datasets, external links) is refused. Each failure is a one-line ``ValueError`` naming
+    the file.
+
     Args:
-        path: the ``.hdf5`` file.
+        path: the ``.hdf5`` file, a local path or an fsspec URL.
 
     Attributes:
         path, dataset_name, n_spatial, spatial_dims (axis names), spatial_shape,
@@ -120,18 +255,28 @@ class WellFile:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
+        self.path = as_location(path)
         with open_h5(self.path) as f:
             try:
                 self._read(f)
-            except (KeyError, OSError, RuntimeError, TypeError) as e:
-                raise ValueError(f"{self.path}: malformed Well file: {e}") from None
+            except (
+                KeyError,
+                OSError,
+                RuntimeError,
+                TypeError,
+                AttributeError,
+                IndexError,
+                OverflowError,
+                UnicodeDecodeError,
+            ) as e:
+                raise ValueError(f"{self.path}: malformed Well file: {_one_line(e)}") from None
 
     def _read(self, f: h5py.File) -> None:
         p = self.path
-        self.dataset_name = _as_str(f.attrs.get("dataset_name", p.parent.parent.parent.name))
-        self.n_spatial = int(_attr(f, "n_spatial_dims", p))
-        self.n_trajectories = int(_attr(f, "n_trajectories", p))
+        default_name = name(parent(parent(parent(p))))
+        self.dataset_name = _as_str(f.attrs.get("dataset_name", default_name))
+        self.n_spatial = _int_attr(f, "n_spatial_dims", p, 1, 3)
+        self.n_trajectories = _int_attr(f, "n_trajectories", p, 1, MAX_WHOLE_ENTRIES)
         self.grid_type = _as_str(f.attrs.get("grid_type", "cartesian"))
         self.params: dict[str, Any] = {}
         for key in _as_strs(f.attrs.get("simulation_parameters", [])):
@@ -141,37 +286,57 @@ class WellFile:
 
         dims = _group(f, "dimensions", p)
         self.spatial_dims = _as_strs(_attr(dims, "spatial_dims", p))
-        if len(self.spatial_dims) != self.n_spatial or not 1 <= self.n_spatial <= 3:
+        if len(self.spatial_dims) != self.n_spatial:
             raise ValueError(
                 f"{p}: n_spatial_dims={self.n_spatial} but dimensions/spatial_dims lists "
                 f"{self.spatial_dims}; need 1-3 spatial axes"
             )
+        for axis in self.spatial_dims:
+            _plain_name(axis, p, "dimensions/spatial_dims")
+        if len(set(self.spatial_dims)) != len(self.spatial_dims):
+            raise ValueError(f"{p}: dimensions/spatial_dims repeats an axis: {self.spatial_dims}")
         for key in ("time", *self.spatial_dims):
             if key not in dims:
                 raise ValueError(f"{p}: dataset 'dimensions/{key}' is missing")
-        self.time = self._read_time(dims["time"])
+        self.time = self._read_time(_member(dims, "time", p))
         self.n_time = int(self.time.shape[-1])
-        self.spatial_shape = tuple(int(dims[a].shape[-1]) for a in self.spatial_dims)
-        self.coords = {a: np.asarray(dims[a][()]) for a in self.spatial_dims}
+        self.coords: dict[str, np.ndarray] = {}
+        for axis in self.spatial_dims:
+            ds = _member(dims, axis, p)
+            if ds.dtype.kind not in "fiu":
+                raise ValueError(
+                    f"{p}: dimensions/{axis} has dtype {ds.dtype}; coordinates must be real numbers"
+                )
+            coord = _read_whole(ds, p)
+            if coord.ndim < 1 or coord.shape[-1] < 1:
+                raise ValueError(
+                    f"{p}: dimensions/{axis} has shape {coord.shape}; need one coordinate per "
+                    "grid point"
+                )
+            self.coords[axis] = coord
+        self.spatial_shape = tuple(int(self.coords[a].shape[-1]) for a in self.spatial_dims)
 
         self.bcs = self._read_bcs(_group(f, "boundary_conditions", p))
         self.scalars: dict[str, np.ndarray] = {}
         if "scalars" in f:
-            for key in _as_strs(f["scalars"].attrs.get("field_names", [])):
-                if key in f["scalars"]:
-                    self.scalars[key] = np.asarray(f["scalars"][key][()])
+            group = _group(f, "scalars", p)
+            for key in _as_strs(group.attrs.get("field_names", [])):
+                _plain_name(key, p, "scalars/field_names")
+                if key in group:
+                    self.scalars[key] = _read_whole(_member(group, key, p), p)
 
         self.fields: list[FieldInfo] = []
         for rank, gname in enumerate(FIELD_GROUPS):
             if gname not in f:
                 continue
-            g = f[gname]
-            for name in _as_strs(_attr(g, "field_names", p)):
-                if name not in g:
+            g = _group(f, gname, p)
+            for field in _as_strs(_attr(g, "field_names", p)):
+                _plain_name(field, p, f"{gname}/field_names")
+                if field not in g:
                     raise ValueError(
-                        f"{p}: field {name!r} is listed in {gname}/field_names but missing"
+                        f"{p}: field {field!r} is listed in {gname}/field_names but missing"
                     )
-                self.fields.append(self._field_info(g[name], gname, name, rank))
+                self.fields.append(self._field_info(_member(g, field, p), gname, field, rank))
         if not self.fields:
             raise ValueError(f"{p}: no fields in t0_fields/t1_fields/t2_fields")
         self.field_names = [c for fi in self.fields for c in fi.components]
@@ -179,20 +344,39 @@ class WellFile:
             raise ValueError(f"{p}: duplicate field component names {self.field_names}")
 
     def _read_time(self, ds: h5py.Dataset) -> np.ndarray:
-        """The time coordinate as float64; complex, non-numeric or non-finite times are refused."""
+        """The time coordinate as float64: real, finite and strictly increasing, bounded in size."""
+        p = self.path
         if ds.dtype.kind not in "fiu":
             raise ValueError(
-                f"{self.path}: dimensions/time has dtype {ds.dtype}; time must be real numbers"
+                f"{p}: dimensions/time has dtype {ds.dtype}; time must be real numbers"
             )
-        time = np.asarray(ds[()], dtype=np.float64)  # (n_time,) or (n_traj, n_time)
-        if time.ndim == 0:
-            raise ValueError(f"{self.path}: dimensions/time is a scalar; need one time per frame")
+        shape = ds.shape or ()
+        if len(shape) == 0:
+            raise ValueError(f"{p}: dimensions/time is a scalar; need one time per frame")
+        if len(shape) > 2 or (len(shape) == 2 and shape[0] != self.n_trajectories):
+            raise ValueError(
+                f"{p}: dimensions/time has shape {shape}; need (n_time,) or (n_trajectories="
+                f"{self.n_trajectories}, n_time)"
+            )
+        if shape[-1] < 1:
+            raise ValueError(f"{p}: dimensions/time is empty; need one time per frame")
+        time = np.asarray(_read_whole(ds, p), dtype=np.float64)  # (n_time,) or (n_traj, n_time)
         bad = np.flatnonzero(~np.isfinite(time.reshape(-1)))
         if bad.size:
             where = np.unravel_index(bad[0], time.shape)
             raise ValueError(
-                f"{self.path}: dimensions/time holds NaN or Inf ({bad.size} of {time.size} "
+                f"{p}: dimensions/time holds NaN or Inf ({bad.size} of {time.size} "
                 f"values, the first at index {tuple(int(i) for i in where)})"
+            )
+        steps = np.diff(time, axis=-1)
+        bad = np.flatnonzero(steps.reshape(-1) <= 0)
+        if bad.size:
+            where = np.unravel_index(bad[0], steps.shape)
+            i = tuple(int(k) for k in where)
+            j = (*i[:-1], i[-1] + 1)
+            raise ValueError(
+                f"{p}: dimensions/time does not increase: time{list(i)} = {time[i]!r} then "
+                f"time{list(j)} = {time[j]!r}; times must increase strictly (no repeats)"
             )
         return time
 
@@ -200,15 +384,23 @@ class WellFile:
         """Boundary type of each axis side, by the rules The Well's own reader applies.
 
         A side that no group marks is open. A group's ``mask`` spans its ``associated_dims`` in
-        that order (or every spatial axis); on a side of one of those axes the group applies if
-        any of its mask there is set, or, for a wall, if all of it is. Groups are applied in the
-        file's group order, a later one replacing an earlier one on the sides it marks. A group
-        over several axes gets The Well's warning that only axis-aligned boundaries are exact.
-        A group without a mask (or with a 0-d one) covers both sides of its axes.
+        that order (or every spatial axis), with one entry per grid point of each; on a side of
+        one of those axes the group applies if any of its mask there is set, or, for a wall, if
+        all of it is. Groups are applied in the file's group order, a later one replacing an
+        earlier one on the sides it marks. A group over several axes gets The Well's warning
+        that only axis-aligned boundaries are exact. A group without a mask (or with a 0-d
+        one) covers both sides of its axes.
         """
         p = self.path
         bcs = np.full((self.n_spatial, 2), int(BoundaryType.OPEN), dtype=np.int64)
-        for gname, g in group.items():
+        for gname in group:
+            link = group.get(gname, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                raise ValueError(
+                    f"{p}: boundary_conditions/{gname} is a link to another file; walrus reads "
+                    "only data stored in the file itself"
+                )
+            g = group.get(gname)
             if not isinstance(g, h5py.Group):
                 continue
             where = f"{p}: boundary_conditions/{gname}"
@@ -220,6 +412,8 @@ class WellFile:
             for dim in dims:
                 if dim not in self.spatial_dims:
                     raise ValueError(f"{where} names axis {dim!r}, not one of {self.spatial_dims}")
+            if len(set(dims)) != len(dims):
+                raise ValueError(f"{where}: associated_dims repeats an axis: {dims}")
             if len(dims) > 1:
                 warnings.warn(
                     f"{where} spans axes {dims}: only axis-aligned boundaries are exact; each "
@@ -228,7 +422,16 @@ class WellFile:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-            mask = np.asarray(g["mask"][()], dtype=bool) if "mask" in g else np.ones((), bool)
+            has_mask = "mask" in g
+            if has_mask:
+                ds = _member(g, "mask", p)
+                if ds.dtype.kind not in "biuf":
+                    raise ValueError(
+                        f"{where}: mask has dtype {ds.dtype}; a mask holds booleans (or 0/1)"
+                    )
+                mask = np.asarray(_read_whole(ds, p), dtype=bool)
+            else:
+                mask = np.ones((), bool)
             if mask.ndim == 0:
                 mask_axes = dims
                 mask = np.broadcast_to(mask, (2,) * len(dims))  # both sides of each axis
@@ -242,6 +445,13 @@ class WellFile:
                 )
             if mask.size == 0:
                 raise ValueError(f"{where}: mask is empty")
+            if has_mask and mask.ndim > 0:
+                want = tuple(self.spatial_shape[self.spatial_dims.index(a)] for a in mask_axes)
+                if mask.shape != want:
+                    raise ValueError(
+                        f"{where}: mask has shape {mask.shape}, but axes {mask_axes} have "
+                        f"{want} grid points"
+                    )
             reduce = np.all if bc == BoundaryType.WALL else np.any
             for dim in dims:
                 ax = mask_axes.index(dim)
@@ -268,9 +478,15 @@ class WellFile:
             raise ValueError(
                 f"{p}: field {group}/{name} has dtype {ds.dtype}; fields must be real numbers"
             )
-        time_varying = bool(ds.attrs.get("time_varying", True))
-        sample_varying = bool(ds.attrs.get("sample_varying", True))
-        dim_varying = tuple(bool(v) for v in np.atleast_1d(ds.attrs.get("dim_varying", [True] * d)))
+        time_varying = _bool_attr(ds, "time_varying", p, True)
+        sample_varying = _bool_attr(ds, "sample_varying", p, True)
+        raw = np.atleast_1d(np.asarray(ds.attrs.get("dim_varying", [True] * d)))
+        if raw.dtype.kind not in "biu" or raw.ndim != 1 or not np.isin(raw, (0, 1)).all():
+            raise ValueError(
+                f"{p}: field {group}/{name} has dim_varying {ds.attrs['dim_varying']!r:.60}; "
+                f"need {d} booleans"
+            )
+        dim_varying = tuple(bool(v) for v in raw)
         if len(dim_varying) != d:
             raise ValueError(
                 f"{p}: field {name!r} has dim_varying of length {len(dim_varying)}, expected {d}"
@@ -279,10 +495,11 @@ class WellFile:
             (self.n_time,) if time_varying else ()
         )
         lead += tuple(n for n, v in zip(self.spatial_shape, dim_varying) if v)
+        shape = tuple(ds.shape or ())
         flat = False
-        if ds.shape == lead + (d,) * rank:
+        if shape == lead + (d,) * rank:
             pass
-        elif rank == 2 and ds.shape == lead + (d * d,):
+        elif rank == 2 and shape == lead + (d * d,):
             flat = True
         else:
             raise ValueError(
@@ -297,7 +514,18 @@ class WellFile:
             comps = tuple(f"{name}_{a}" for a in axes)
         else:
             comps = tuple(f"{name}_{a}{b}" for a in axes for b in axes)
-        return FieldInfo(name, group, rank, comps, time_varying, sample_varying, dim_varying, flat)
+        return FieldInfo(
+            name,
+            group,
+            rank,
+            comps,
+            time_varying,
+            sample_varying,
+            dim_varying,
+            flat,
+            shape,
+            ds.dtype.itemsize,
+        )
 
     def select(self, names: Sequence[str] | None) -> list[tuple[FieldInfo, list[int]]]:
         """Fields and component indices for channel ``names`` (component or whole-field names).
@@ -331,6 +559,48 @@ class WellFile:
             )
         return channels
 
+    def check_read_size(
+        self,
+        selection: list[tuple[FieldInfo, list[int]]],
+        n_frames: int,
+        max_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
+    ) -> None:
+        """Refuse a read of ``n_frames`` frames of ``selection`` needing more than ``max_bytes``.
+
+        Counts the float32 result and the largest single field read (all its components, in
+        the stored dtype), from declared shapes only; nothing is allocated.
+        """
+        n_pts = math.prod(self.spatial_shape)
+        n_chan = sum(len(comps) for _, comps in selection)
+        out_bytes = n_frames * n_chan * n_pts * 4
+        field_bytes = max(
+            (
+                (n_frames if fi.time_varying else 1)
+                * math.prod(n for n, v in zip(self.spatial_shape, fi.dim_varying) if v)
+                * len(fi.components)
+                * fi.itemsize
+                for fi, _ in selection
+            ),
+            default=0,
+        )
+        if out_bytes + field_bytes > max_bytes:
+            raise ValueError(
+                f"{self.path}: reading {n_frames} frames of {n_chan} channels on a "
+                f"{'x'.join(map(str, self.spatial_shape))} grid needs "
+                f"{(out_bytes + field_bytes) / 2**30:.3g} GiB, over data.max_sample_bytes="
+                f"{max_bytes} ({max_bytes / 2**30:.3g} GiB); raise that option if this is meant"
+            )
+
+    def _dataset(self, handle: h5py.File, fi: FieldInfo) -> h5py.Dataset:
+        """Field ``fi`` in an open ``handle``, checked again: the file may have changed since."""
+        ds = _member(_member(handle, fi.group, self.path, h5py.Group), fi.name, self.path)
+        if tuple(ds.shape or ()) != fi.shape:
+            raise ValueError(
+                f"{self.path}: field {fi.group}/{fi.name} now has shape {ds.shape}, not "
+                f"{fi.shape} as when the file was opened (was it rewritten?)"
+            )
+        return ds
+
     def read(
         self,
         handle: h5py.File,
@@ -340,8 +610,12 @@ class WellFile:
         n_frames: int,
         stride: int = 1,
         check_finite: bool = True,
+        max_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
     ) -> np.ndarray:
         """Read frames ``start, start+stride, ...`` (``n_frames`` of them) of one trajectory.
+
+        Only those frames are read. A read needing more than ``max_bytes`` is refused before
+        anything is allocated; values beyond float32's range are an error, not Inf.
 
         Returns:
             ``(n_frames, C, *spatial)`` float32.
@@ -357,7 +631,10 @@ class WellFile:
                 f"{p}: window of {n_frames} frames from time index {start} at stride {stride} "
                 f"needs time steps up to {stop - 1}, but the trajectory has {self.n_time}"
             )
-        chans = []
+        self.check_read_size(selection, n_frames, max_bytes)
+        n_chan = sum(len(comps) for _, comps in selection)
+        out = np.empty((n_frames, n_chan, *self.spatial_shape), dtype=np.float32)
+        c0 = 0
         for fi, comps in selection:
             ds_name = f"{fi.group}/{fi.name}"
             idx: tuple[Any, ...] = ()
@@ -365,12 +642,13 @@ class WellFile:
                 idx += (trajectory,)
             if fi.time_varying:
                 idx += (slice(start, stop, stride),)
+            ds = self._dataset(handle, fi)
             try:
-                arr = handle[ds_name][idx] if idx else handle[ds_name][()]
-            except (OSError, KeyError, RuntimeError) as e:
+                arr = ds[idx] if idx else ds[()]
+            except (OSError, KeyError, RuntimeError, ValueError) as e:
                 raise ValueError(
                     f"{p}: cannot read field {ds_name!r} at trajectory {trajectory}, "
-                    f"time {start}:{stop}:{stride} (corrupt or truncated file?): {e}"
+                    f"time {start}:{stop}:{stride} (corrupt or truncated file?): {_one_line(e)}"
                 ) from None
             if not fi.time_varying:
                 arr = arr[None]  # (1, ...)
@@ -381,12 +659,19 @@ class WellFile:
                 arr = arr[..., None]
             elif fi.rank == 2 and not fi.flat_tensor:
                 arr = arr.reshape(*arr.shape[:-2], -1)
-            arr = np.broadcast_to(arr, (n_frames, *self.spatial_shape, arr.shape[-1]))
-            chans.append(arr[..., comps])
-        out = np.concatenate(chans, axis=-1)  # (T, *spatial, C)
-        out = np.ascontiguousarray(np.moveaxis(out, -1, 1), dtype=np.float32)  # (T, C, *spatial)
+            block = np.moveaxis(arr[..., comps], -1, 1)  # (T or 1, k, *spatial or 1s)
+            try:
+                with np.errstate(over="raise"):
+                    out[:, c0 : c0 + len(comps)] = block
+            except FloatingPointError:
+                raise ValueError(
+                    f"{p}: field {ds_name!r} holds values out of float32 range (|x| > "
+                    f"{float(np.finfo(np.float32).max):.4g}) at trajectory {trajectory}, time "
+                    f"{start}:{stop}:{stride}; walrus computes in float32"
+                ) from None
+            c0 += len(comps)
         if check_finite and not np.isfinite(out).all():
-            bad_t, bad_c = np.nonzero(~np.isfinite(out).reshape(n_frames, out.shape[1], -1).all(-1))
+            bad_t, bad_c = np.nonzero(~np.isfinite(out).reshape(n_frames, n_chan, -1).all(-1))
             names = [fi.components[c] for fi, comps in selection for c in comps]
             raise ValueError(
                 f"{p}: NaN or Inf in field {names[bad_c[0]]!r}, trajectory {trajectory}, "
@@ -395,23 +680,30 @@ class WellFile:
         return out
 
 
-def list_split_files(root: str | os.PathLike, dataset: str, split: str) -> list[Path]:
-    """Sorted ``{root}/{dataset}/data/{split}/*.hdf5`` files; a missing directory or none is an error."""
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"data root {root} does not exist")
-    ddir = root / dataset
-    if not ddir.is_dir():
-        available = sorted(d.name for d in root.iterdir() if d.is_dir())
-        raise FileNotFoundError(f"dataset directory {ddir} does not exist (found: {available})")
-    sdir = ddir / "data" / split
-    if not sdir.is_dir():
+def list_split_files(root: str | os.PathLike, dataset: str, split: str) -> list[Location]:
+    """Sorted ``{root}/{dataset}/data/{split}/*.hdf5`` files; a missing directory or none is an error.
+
+    ``root`` is a local folder (files come back as ``Path``) or an fsspec URL (files come back
+    as URLs under it); both are listed through fsspec.
+    """
+    root = as_location(root)
+    if not data_root_exists(root):
+        raise FileNotFoundError(f"data root {root} does not exist (or is not a directory)")
+    ddir = join(root, dataset)
+    if not is_dir(ddir):
+        available = list_folders(root)
+        found = "its folder cannot be listed" if available is None else f"found: {available}"
+        raise FileNotFoundError(f"dataset directory {ddir} does not exist ({found})")
+    sdir = join(ddir, "data", split)
+    if not is_dir(sdir):
         raise FileNotFoundError(
             f"split directory {sdir} does not exist (expected data/{{train,valid,test}})"
         )
-    files = sorted(
-        p for p in sdir.iterdir() if p.suffix in (".hdf5", ".h5") and not p.name.startswith(".")
-    )
+    files = [
+        join(sdir, n)
+        for n, _ in list_dir(sdir)
+        if n.endswith((".hdf5", ".h5")) and not n.startswith(".")
+    ]
     if not files:
         raise FileNotFoundError(f"split directory {sdir} holds no .hdf5 files")
     return files
@@ -427,7 +719,7 @@ def read_trajectory(
     """Read one whole trajectory of a Well file.
 
     Args:
-        path: the ``.hdf5`` file.
+        path: the ``.hdf5`` file (local path or fsspec URL).
         trajectory: trajectory index in the file.
         fields: channel subset (component or whole-field names); default all.
         stride: time stride.

@@ -21,6 +21,7 @@ from torch import nn
 from walrus.checkpoint import build_model, load_weights_strict, model_state_dict, walrus_meta
 from walrus.data.datamodule import parse_dataset_specs, resolve_data_root
 from walrus.data.normalization import build_normalizer
+from walrus.data.storage import data_root_exists
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS, WellFile, list_split_files
@@ -28,7 +29,7 @@ from walrus.hub import open_checkpoint
 from walrus.model.compile import compile_mode, compile_model
 
 # data config keys inference reads; the rest of a training data config is ignored
-DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride")
+DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride", "max_sample_bytes")
 # infer.py's default `seed`: the jitter seed of rollouts that jitter without a seed given
 DEFAULT_SEED = 0
 
@@ -166,7 +167,7 @@ def resolve_data_config(
             "paths.data_dir=DIR and data.datasets=[...] (or data=<config name>, e.g. "
             "data=navier_stokes_2d)"
         )
-    if not Path(str(data["root"])).is_dir():
+    if not data_root_exists(data["root"]):
         origin = "checkpoint's training data root" if root is None else "paths.data_dir"
         raise FileNotFoundError(
             f"data root {data['root']} ({origin}) does not exist; pass paths.data_dir=DIR, the "
@@ -205,7 +206,7 @@ def open_datasets(
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    root = Path(str(data["root"]))
+    root = str(data["root"])  # a local path or an fsspec URL
     specs = parse_dataset_specs(_plain(data["datasets"]))
     out = []
     for spec in specs:
@@ -230,6 +231,7 @@ def open_datasets(
                 time_stride=data["time_stride"],
                 vocab=ckpt.vocab,
                 fields=spec.fields,
+                max_sample_bytes=data.get("max_sample_bytes"),
             )
         )
     return out
