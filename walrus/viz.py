@@ -158,6 +158,7 @@ def plot_error_curves(
                 ax.set_yscale("log")
         if np.isnan(_curve(metrics["model"][key]["per_step"][field])).all():
             ax.text(0.5, 0.5, "n/a: negligible true power", transform=ax.transAxes, ha="center")
+            ax.set_yticks([])
         ax.set_title(f"{name} (constant)" if field in constant else name, fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(METRIC_LABELS.get(key, key))
@@ -250,6 +251,7 @@ def plot_fidelity(
                     drawn.append(values)
             if not drawn:
                 ax.text(0.5, 0.5, "n/a", transform=ax.transAxes, ha="center")
+                ax.set_yticks([])
             elif log and _spans_decades(np.concatenate(drawn)):
                 ax.set_yscale("log")
             ax.set_title(f"{row_name}: {label}", fontsize=9)

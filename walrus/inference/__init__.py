@@ -29,8 +29,8 @@ COMMAND_HELP = {
     "evaluate": "one-step errors over every window of a split; writes metrics.json, prints a table",
 }
 HELP_FLAGS = ("-h", "--help")
-# keys of configs/infer.yaml that are not options of the commands
-_NOT_OPTIONS = {"defaults", "task_name", "hydra"}
+# keys of configs/infer.yaml that are not options of the commands (command is the first word)
+_NOT_OPTIONS = {"defaults", "task_name", "hydra", "command"}
 # Hydra flags that take the next word as their value
 _HYDRA_VALUE_FLAGS = {
     "--cfg",
@@ -95,8 +95,6 @@ def help_text(config_file: Path) -> str:
         lines += ["", f"(options: cannot read {config_file}: {e.strerror})"]
     groups: dict[str, list[str]] = {c: [] for c in (*COMMANDS, "")}
     for key, default, comment in options:
-        if key == "command":
-            continue
         head, _, rest = comment.partition(":")
         command, text = (head, rest.strip()) if head in COMMANDS else ("", comment)
         indent = " " * 6

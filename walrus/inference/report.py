@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,8 @@ TABLES = (
         {f"spectral_{b}": f"{b} k" for b in SPECTRAL_BINS},
     ),
     (
-        "fidelity (1 is ideal): amplitude = RMS about the mean, predicted / true; "
-        "change corr = correlation of predicted and true frame-to-frame changes",
+        "physical fidelity, 1 is ideal (amplitude: RMS about the spatial mean, predicted / "
+        "true;\nchange corr: correlation of the predicted and true frame-to-frame changes)",
         {"amplitude_ratio": "amplitude", "change_correlation": "change corr"},
     ),
     (
@@ -39,6 +40,7 @@ TABLES = (
         {f"power_ratio_{b}": f"{b} k" for b in SPECTRAL_BINS},
     ),
 )
+NOTE_WIDTH = 100  # the lines under a table are wrapped to this width
 SOURCE_LABELS = {"model": "model", "persistence": "persist."}
 
 
@@ -165,7 +167,7 @@ def table_notes(metrics: Mapping[str, Any]) -> list[str]:
     notes.append(
         "n/a: undefined (negligible true power or true change; persistence does not change)"
     )
-    return notes
+    return [textwrap.fill(note, NOTE_WIDTH, subsequent_indent="  ") for note in notes]
 
 
 def format_rollout_table(name: str, metrics: Mapping[str, Any]) -> str:
