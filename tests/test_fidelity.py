@@ -90,6 +90,12 @@ def test_band_limited_truth_flags_the_high_bin() -> None:
 def test_undefined_values_are_nan() -> None:
     flat = torch.full((1, 1, N), 2.0, dtype=torch.float64)
     assert math.isnan(amplitude_ratio(flat + wave(MID), flat).item())
+    # small fluctuations on a large offset keep their amplitude ratio; below float32 precision
+    # (std under one epsilon of the RMS) they are flat
+    offset = 1e4 + 1e-2 * wave(MID)
+    assert amplitude_ratio(offset + 1e-2 * wave(MID), offset).item() == pytest.approx(2.0)
+    tiny = (1e5 + 1e-4 * wave(MID)).float()
+    assert math.isnan(amplitude_ratio(tiny + 1.0, tiny).item())
     truth = 3.0 + wave(MID)
     # persistence: no predicted change
     assert math.isnan(change_correlation(truth - 0.1, truth, truth - 0.1, truth - 0.2).item())

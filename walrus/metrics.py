@@ -35,15 +35,16 @@ Physical fidelity (``FIDELITY``; 1 is ideal for all three, none is an error):
   (not residual power): below 1 the prediction is too smooth in that band, above 1 too noisy.
 
 Negligible true power (``NEGLIGIBLE_POWER``): a ratio over a power the truth barely has says
-nothing (e.g. a spectral MSE of 1520 in a band where the truth holds 1e-10 of its power). So a
-per-sample value is undefined (NaN here, ``null`` in ``RolloutMetrics.to_dict``) when its truth
-power is at most ``NEGLIGIBLE_POWER`` times the truth's fluctuation power at that step (its total
-power less the mean mode's, i.e. its population variance over space; the mean is left out so
-that an offset such as a background pressure cannot hide a band). This applies to both
-spectral measures per bin (the bin's true power, which for "low" includes the mean mode), to
-the change correlation (the true change's variance; it is also undefined when the predicted
-change is exactly zero, as persistence's is), and, for the amplitude ratio, to the truth's
-variance measured against its total power (mean of truth^2).
+nothing (on band-limited data an empty band's spectral MSE read 1520). So a per-sample value is
+undefined (NaN here, ``null`` in ``RolloutMetrics.to_dict``) when its truth power is at most
+``NEGLIGIBLE_POWER`` times the truth's fluctuation power at that step (its total power less the
+mean mode's, i.e. its population variance over space; the mean is left out so that an offset
+such as a background pressure cannot hide a band). This applies to both spectral measures per
+bin (the bin's true power, which for "low" includes the mean mode), to the change correlation
+(the true change's variance; it is also undefined when the predicted change is exactly zero, as
+persistence's is). The amplitude ratio is undefined only where the truth is flat in space to
+the precision of its dtype (standard deviation at most one machine epsilon of its RMS), so that
+small fluctuations on a large offset keep their amplitude ratio.
 
 Step windows: ``step_windows`` gives the windows 1, 2-10, 11-30, 31-60 and 61+ (1-based steps)
 of a rollout, labelled by the steps that ran ("11-16" for 16 steps; windows past the end are
@@ -68,24 +69,20 @@ from torch import Tensor
 EPS = 1e-7
 SPECTRAL_BINS = ("low", "mid", "high")
 METRICS = ("vrmse", "nrmse", *(f"spectral_{b}" for b in SPECTRAL_BINS))
-METRIC_LABELS = {
-    "vrmse": "VRMSE",
-    "nrmse": "NRMSE",
-    **{f"spectral_{b}": f"spectral MSE, {b} k" for b in SPECTRAL_BINS},
-}
 FIDELITY = (
     "amplitude_ratio",
     "change_correlation",
     *(f"power_ratio_{b}" for b in SPECTRAL_BINS),
 )
 ALL_METRICS = METRICS + FIDELITY
-METRIC_LABELS.update(
-    {
-        "amplitude_ratio": "amplitude ratio",
-        "change_correlation": "change correlation",
-        **{f"power_ratio_{b}": f"power ratio, {b} k" for b in SPECTRAL_BINS},
-    }
-)
+METRIC_LABELS = {
+    "vrmse": "VRMSE",
+    "nrmse": "NRMSE",
+    **{f"spectral_{b}": f"spectral MSE, {b} k" for b in SPECTRAL_BINS},
+    "amplitude_ratio": "amplitude ratio",
+    "change_correlation": "change correlation",
+    **{f"power_ratio_{b}": f"power ratio, {b} k" for b in SPECTRAL_BINS},
+}
 # A truth power at most this fraction of the truth's fluctuation power is negligible: the
 # ratios over it are reported as undefined (see the module docstring). One threshold for the
 # spectral MSE and the fidelity measures.
@@ -251,14 +248,14 @@ def binned_power_ratio(pred: Tensor, truth: Tensor, *, n_spatial: int | None = N
 def amplitude_ratio(pred: Tensor, truth: Tensor, *, n_spatial: int | None = None) -> Tensor:
     """RMS about the spatial mean, prediction over truth: ``(..., C, *sp) -> (..., C)``.
 
-    NaN where the truth is flat in space (its variance at most ``NEGLIGIBLE_POWER`` times its
-    mean square).
+    NaN where the truth is flat in space to the precision of its dtype (standard deviation at
+    most one machine epsilon of its RMS).
     """
     axes = _spatial_axes(pred, truth, n_spatial)
     t = truth.to(_precise_dtype(truth))
     var_t = _fluctuation_power(t, axes)  # (..., C)
     ratio = (_fluctuation_power(pred.to(t.dtype), axes) / var_t).sqrt()
-    flat = var_t <= NEGLIGIBLE_POWER * t.square().mean(dim=axes)
+    flat = var_t <= torch.finfo(truth.dtype).eps ** 2 * t.square().mean(dim=axes)
     return ratio.masked_fill(flat, math.nan)
 
 

@@ -163,4 +163,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return run_rollout(cfg) if command == "rollout" else run_evaluate(cfg)
 
 
-__all__ = ["COMMANDS", "command_override", "help_text", "run", "run_evaluate", "run_rollout"]
+__all__ = [
+    "COMMANDS",
+    "command_override",
+    "config_options",
+    "help_text",
+    "run",
+    "run_evaluate",
+    "run_rollout",
+]

@@ -231,9 +231,9 @@ def _write_dataset_files(
 
 
 def _trajectories_label(sel: list[int]) -> str:
-    """``"trajectory 3"``, ``"trajectories [0, 2]"`` or, for many, ``"12 trajectories (0-11)"``."""
+    """``"trajectory 3"``, ``"trajectories [0, 2]"`` or, for many, ``"12 trajectories [0, 1, ..., 11]"``."""
     if len(sel) == 1:
         return f"trajectory {sel[0]}"
     if len(sel) <= 6:
         return f"trajectories {sel}"
-    return f"{len(sel)} trajectories ({min(sel)}-{max(sel)})"
+    return f"{len(sel)} trajectories [{sel[0]}, {sel[1]}, ..., {sel[-1]}]"
