@@ -20,7 +20,7 @@ from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_file import read_trajectory
 from walrus.data.writer import write_well_file
 from walrus.inference import command_override, run
-from walrus.metrics import METRICS
+from walrus.metrics import ALL_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 N_TIME, RES = 10, 16
@@ -137,7 +137,8 @@ def test_cli_rollout_writes_every_file(toy: dict[str, Path]) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "litlogger" not in proc.stdout + proc.stderr  # Lightning's tip is silenced
-    for name in ("metrics.json", "predictions.hdf5", "vrmse.png", "spectral.png", "snapshots.png"):
+    for name in ("metrics.json", "predictions.hdf5", "vrmse.png", "spectral.png", "fidelity.png",
+                 "snapshots.png"):  # fmt: skip
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert (out / "rollout.gif").is_file() or (out / "rollout.mp4").is_file()
     assert not list(out.glob(".*.tmp*")), "temporary files left behind"
@@ -148,13 +149,19 @@ def test_cli_rollout_writes_every_file(toy: dict[str, Path]) -> None:
     assert metrics["fields"] == ["u", "velocity_x", "velocity_y"]
     assert metrics["count"] == [2] * 4
     for source in ("model", "persistence"):
-        for metric in METRICS:
+        for metric in ALL_METRICS:
             block = metrics[source][metric]
             assert len(block["per_step"]["u"]) == 4
-            assert set(block["windows"]["u"]) == {"1", "2-10"}
-    # the table names the windows and both sources
-    assert "VRMSE model" in proc.stdout and "2-10" in proc.stdout
+            assert list(block["windows"]["u"]) == ["1", "2-4"]  # the steps that ran
+    # the table names the windows that ran and both sources
+    assert "VRMSE model" in proc.stdout and "2-4" in proc.stdout and "2-10" not in proc.stdout
     assert "high k persist." in proc.stdout  # the binned spectral MSE table
+    assert "amplitude model" in proc.stdout and "change corr model" in proc.stdout
+    # the toy's waves are all in the low band: the others are flagged, not scored
+    assert metrics["negligible_true_power"]["u"]["high"] == [1, 2, 3, 4]
+    assert metrics["model"]["spectral_high"]["per_step"]["u"] == [None] * 4
+    assert "u: mid k, high k" in proc.stdout
+    assert metrics["persistence"]["change_correlation"]["per_step"]["u"] == [None] * 4
     assert metrics["spectral_bins"]["grid"] == [RES, RES]
 
 
@@ -305,6 +312,33 @@ def test_command_word_becomes_override() -> None:
         command_override(["infer.py", "predict"])
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_commands_and_options(flag: str, capsys) -> None:
+    from walrus.inference import config_options
+
+    with pytest.raises(SystemExit) as exit_info:
+        command_override([str(REPO / "infer.py"), flag])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: python infer.py {rollout|evaluate} ckpt_path=PATH")
+    assert "\n  rollout " in text and "\n  evaluate " in text and "Hydra" in text
+    options = config_options(REPO / "configs" / "infer.yaml")
+    keys = [key for key, _, _ in options]
+    for key in ("ckpt_path", "steps", "trajectories", "max_windows", "batch_size", "ensemble",
+                "data.datasets", "paths.data_dir", "out"):  # fmt: skip
+        assert key in keys and f"\n  {key}\n" in text, key
+    assert "command" not in keys and "hydra" not in keys and "task_name" not in keys
+    # grouped by command, with the default as written in the file
+    rollout_part = text.split("options of rollout:")[1].split("options of evaluate:")[0]
+    assert "  steps\n" in rollout_part and "max_windows" not in rollout_part
+    assert "(default: 4)" in text.split("  batch_size\n")[1].split("\n  ")[0]
+    assert "(required)" in text.split("  ckpt_path\n")[1].split("\n  ")[0]
+    # after a command word too; Hydra's own help flag is left to Hydra
+    with pytest.raises(SystemExit):
+        command_override([str(REPO / "infer.py"), "rollout", "--help"])
+    assert command_override(["infer.py", "--hydra-help"]) == ["infer.py", "--hydra-help"]
+
+
 def test_cli_user_error_exits_nonzero(tmp_path: Path, capsys) -> None:
     from walrus.cli import run_cli
 
@@ -350,11 +384,11 @@ def test_ddp_two_processes_match_single_process(toy: dict[str, Path], tmp_path: 
     alone = single["metrics"]["datasets"]["toy"]["metrics"]
     assert merged["count"] == alone["count"] == [3] * 4  # every trajectory once, none twice
     for source in ("model", "persistence"):
-        for metric in METRICS:
+        for metric in ALL_METRICS:
             for field in alone["fields"]:
-                np.testing.assert_allclose(
-                    merged[source][metric]["per_step"][field],
-                    alone[source][metric]["per_step"][field],
+                np.testing.assert_allclose(  # null (undefined) as NaN: equal where both are
+                    np.array(merged[source][metric]["per_step"][field], dtype=float),
+                    np.array(alone[source][metric]["per_step"][field], dtype=float),
                     rtol=1e-4,
                 )
     for i in range(3):  # rank 0 gathered every trajectory's predictions, in order

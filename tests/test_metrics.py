@@ -14,6 +14,7 @@ import torch
 
 from walrus.data.synthetic import SYSTEMS
 from walrus.metrics import (
+    ALL_METRICS,
     EPS,
     METRICS,
     SPECTRAL_BINS,
@@ -311,7 +312,8 @@ def _random_rollout(
 
 def _accumulate(acc: RolloutMetrics, pred, truth, last, steps: int) -> RolloutMetrics:
     for s in range(steps):
-        acc.update(s + 1, pred[:, s], truth[:, s], last)
+        prev_pred, prev_truth = (last, last) if s == 0 else (pred[:, s - 1], truth[:, s - 1])
+        acc.update(s + 1, pred[:, s], truth[:, s], last, prev_pred=prev_pred, prev_truth=prev_truth)
     return acc
 
 
@@ -330,8 +332,12 @@ def test_rollout_metrics_values_and_merge() -> None:
         assert d["model"][f"spectral_{b}"]["per_step"]["u"][6] == pytest.approx(
             spec[0, i].item(), rel=1e-6
         )
-        assert set(d["model"][f"spectral_{b}"]["windows"]["u"]) == {"1", "2-10", "11-30"}
-    assert list(d["model"]) == list(METRICS) and whole.sum.shape == (3, 5, steps, 2)
+        # 12 steps: the last window is labelled by the steps that ran
+        assert list(d["model"][f"spectral_{b}"]["windows"]["u"]) == ["1", "2-10", "11-12"]
+    assert d["windows"] == {"1": [1, 1], "2-10": [2, 10], "11-12": [11, 12]}
+    v_steps = d["model"]["vrmse"]["per_step"]["v"]
+    assert d["model"]["vrmse"]["windows"]["v"]["11-12"] == pytest.approx(sum(v_steps[10:]) / 2)
+    assert list(d["model"]) == list(ALL_METRICS) and whole.sum.shape == (3, 10, steps, 2)
     assert d["spectral_bins"]["names"] == ["low", "mid", "high"]
     assert d["spectral_bins"]["grid"] == [8, 8]
     assert d["spectral_bins"]["edges"] == pytest.approx(spectral_bin_edges((8, 8)).tolist())
@@ -342,7 +348,8 @@ def test_rollout_metrics_values_and_merge() -> None:
     b = _accumulate(RolloutMetrics(names, steps), pred[2:], truth[2:], last[2:], steps)
     merged = a.merge(b.state())
     torch.testing.assert_close(merged.sum, whole.sum, rtol=1e-12, atol=1e-12)
-    assert torch.equal(merged.count, whole.count)
+    torch.testing.assert_close(merged.variation, whole.variation, rtol=1e-12, atol=0)
+    assert torch.equal(merged.count, whole.count) and torch.equal(merged.defined, whole.defined)
     m = merged.to_dict()
     assert m["model"]["vrmse"]["mean_over_fields"]["windows"]["2-10"] == pytest.approx(
         d["model"]["vrmse"]["mean_over_fields"]["windows"]["2-10"], rel=1e-12
@@ -395,8 +402,8 @@ def test_all_reduce_two_processes_equals_single(tmp_path) -> None:
     whole = _accumulate(RolloutMetrics(["u", "v"], 6), pred, truth, last, 6)
     for rank in range(2):
         state = torch.load(tmp_path / f"state{rank}.pt")
-        torch.testing.assert_close(state["sum"], whole.sum, rtol=1e-12, atol=1e-12)
-        assert torch.equal(state["count"], whole.count)
+        for key, value in whole.state().items():
+            torch.testing.assert_close(state[key], value, rtol=1e-12, atol=1e-12)
 
 
 def test_spread_is_recorded_in_each_metrics_units_and_merges():
@@ -409,9 +416,10 @@ def test_spread_is_recorded_in_each_metrics_units_and_merges():
     whole = RolloutMetrics(["a", "b"], 2)
     parts = [RolloutMetrics(["a", "b"], 2) for _ in range(2)]
     for step in (1, 2):
-        whole.update(step, pred, truth, truth, spread)
-        parts[0].update(step, pred[:1], truth[:1], truth[:1], spread[:1])
-        parts[1].update(step, pred[1:], truth[1:], truth[1:], spread[1:])
+        whole.update(step, pred, truth, truth, spread, prev_pred=truth, prev_truth=truth)
+        for part, rows in zip(parts, (slice(0, 1), slice(1, None))):
+            p, t, sp = pred[rows], truth[rows], spread[rows]
+            part.update(step, p, t, t, sp, prev_pred=t, prev_truth=t)
     d = whole.to_dict()
     expected = vrmse(truth + spread, truth).mean(0)  # (C,)
     got = torch.tensor(
@@ -432,7 +440,7 @@ def test_spread_is_recorded_in_each_metrics_units_and_merges():
     # Without an ensemble there is no spread entry; model and persistence are unchanged by it.
     plain = RolloutMetrics(["a", "b"], 2)
     for step in (1, 2):
-        plain.update(step, pred, truth, truth)
+        plain.update(step, pred, truth, truth, prev_pred=truth, prev_truth=truth)
     p = plain.to_dict()
     assert SPREAD not in p and p["model"] == d["model"]
     with pytest.raises(ValueError, match="spread shape"):

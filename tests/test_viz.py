@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from walrus.metrics import RolloutMetrics
-from walrus.viz import plot_error_curves, plot_snapshots, write_animation
+from walrus.viz import (
+    animation_frames,
+    plot_error_curves,
+    plot_fidelity,
+    plot_snapshots,
+    snapshot_limits,
+    write_animation,
+)
 
 PNG_MAGIC = b"\x89PNG"
 
@@ -24,14 +31,30 @@ def _fields(
     return truth, truth + 0.1 * torch.randn(steps, c, *spatial, generator=g)
 
 
+def _metrics(truth: torch.Tensor, pred: torch.Tensor) -> RolloutMetrics:
+    """Accumulated metrics of one trajectory ``(S, C, *sp)`` against persistence of step 1."""
+    acc = RolloutMetrics(["u", "v"], truth.shape[0])
+    for s in range(truth.shape[0]):
+        prev = (truth[:1], truth[:1]) if s == 0 else (pred[s - 1 : s], truth[s - 1 : s])
+        acc.update(s + 1, pred[s : s + 1], truth[s : s + 1], truth[:1], prev_pred=prev[0],
+                   prev_truth=prev[1])  # fmt: skip
+    return acc
+
+
+def _png_title(path: Path) -> str | None:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.info.get("Title")
+
+
 def test_plot_error_curves(tmp_path: Path) -> None:
     truth, pred = _fields((8, 8))
-    acc = RolloutMetrics(["u", "v"], 5)
-    for s in range(5):
-        acc.update(s + 1, pred[s : s + 1], truth[s : s + 1], truth[:1])
-    out = plot_error_curves(acc.to_dict(), tmp_path / "vrmse.png")
+    acc = _metrics(truth, pred)
+    out = plot_error_curves(acc.to_dict(), tmp_path / "vrmse.png", title="toy: trajectory 0")
     assert out == tmp_path / "vrmse.png"
     assert out.read_bytes()[:4] == PNG_MAGIC and out.stat().st_size > 1000
+    assert _png_title(out) == "toy: trajectory 0"
     assert [p.name for p in tmp_path.iterdir()] == ["vrmse.png"]  # no temp file left
     with pytest.raises(ValueError, match="metric"):
         plot_error_curves(acc.to_dict(), tmp_path / "x.png", metric="bogus")
@@ -45,6 +68,39 @@ def test_plot_error_curves(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="spectral_low"):
         plot_error_curves(legacy, tmp_path / "y.png", metric="spectral")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["high.png", "spectral.png", "vrmse.png"]
+
+
+def test_plot_fidelity_and_undefined_values(tmp_path: Path) -> None:
+    truth, pred = _fields((8, 8))
+    d = _metrics(truth, pred).to_dict()
+    # a band with no true power anywhere (all null) is drawn as a gap, not an error
+    for source in ("model", "persistence"):
+        for key in ("power_ratio_high", "spectral_high"):
+            block = d[source][key]
+            block["per_step"] = {f: [None] * 5 for f in block["per_step"]}
+            block["mean_over_fields"]["per_step"] = [None] * 5
+    out = plot_fidelity(d, tmp_path / "fidelity.png", title="toy: 5 steps", dpi=50)
+    assert out.read_bytes()[:4] == PNG_MAGIC and _png_title(out) == "toy: 5 steps"
+    plot_error_curves(d, tmp_path / "spectral.png", metric="spectral", dpi=50)
+    with pytest.raises(ValueError, match="fidelity"):
+        plot_fidelity({"fields": ["u"], "model": {"vrmse": {}}}, tmp_path / "x.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fidelity.png", "spectral.png"]
+
+
+def test_spread_row_has_its_own_colour_scale(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randn(3, 8, 8, generator=g).numpy()  # (K, H, W): the frames shown
+    pred = truth + 2.0
+    spread = 0.01 * torch.rand(3, 8, 8, generator=g).numpy()
+    limits = snapshot_limits(truth, pred, spread)
+    assert limits["spread"] == (0.0, pytest.approx(float(spread.max())))
+    assert limits["error"] == (pytest.approx(-2.0), pytest.approx(2.0))
+    assert limits["prediction"] == limits["truth"] == (float(truth.min()), float(truth.max()))
+    assert "spread" not in snapshot_limits(truth, pred, None)
+    t, p = _fields((8, 8))
+    out = plot_snapshots(t, p, ["u", "v"], None, tmp_path / "snap.png", spread=0.01 * p.abs(),
+                         title="toy: trajectory 0, steps 1-5, ensemble of 3")  # fmt: skip
+    assert _png_title(out) == "toy: trajectory 0, steps 1-5, ensemble of 3"
 
 
 @pytest.mark.parametrize("spatial", [(16,), (8, 8), (6, 6, 4)])
@@ -72,6 +128,31 @@ def test_write_animation_gif(tmp_path: Path, spatial: tuple[int, ...], monkeypat
     with Image.open(out) as im:
         assert im.n_frames == 4  # capped
     assert [p.name for p in tmp_path.iterdir()] == ["rollout.gif"]
+
+
+def test_gif_frames_keep_the_figures_colours(tmp_path: Path, monkeypatch) -> None:
+    """Each GIF frame reproduces the rendered figure (colour bars included) within a small
+    error: the palette is fitted per frame, so colour maps keep their gradients."""
+    from PIL import Image
+
+    monkeypatch.setattr("walrus.viz.shutil.which", lambda name: None)
+    truth, pred = _fields((32, 32), steps=3)
+    rendered = animation_frames(truth, pred, ["u", "v"], title="toy")
+    out = write_animation(truth, pred, ["u", "v"], tmp_path / "rollout", title="toy")
+    with Image.open(out) as im:
+        assert im.n_frames == len(rendered) == 3
+        for i, want in enumerate(rendered):
+            im.seek(i)
+            got = np.asarray(im.convert("RGB"), dtype=float)
+            assert got.shape == want.shape
+            assert np.abs(got - want).mean() < 1.5, i  # of 255
+            assert len(np.unique(got.reshape(-1, 3), axis=0)) > 64
+    # a colour bar per image panel: 2 fields x (truth, prediction, error), each its own axes
+    from walrus.viz import _Animation
+
+    anim = _Animation(truth.numpy(), pred.numpy(), ["u", "v"], None)
+    assert len(anim.fig.axes) == 2 * 3 * 2
+    assert sum(ax.get_label() == "<colorbar>" for ax in anim.fig.axes) == 6
 
 
 def test_import_has_no_matplotlib_side_effects() -> None:

@@ -24,12 +24,36 @@ against it to 1e-6). Mean over the N grid points written <.>, eps = 1e-7:
   Bin membership is decided in float32 on the CPU, as The Well decides it, so that modes lying
   on an edge (on 32^2 or 256^2 grids, for instance) land in the same bin.
 
-Step windows: ``window_means`` averages per-step values over the windows 1, 2-10, 11-30, 31-60 and
-61+ (1-based steps), and ``RolloutMetrics`` accumulates sums and counts of every metric
-(``METRICS``: VRMSE, NRMSE and the three spectral bins), so that results gathered across processes
+Physical fidelity (``FIDELITY``; 1 is ideal for all three, none is an error):
+
+- ``amplitude_ratio`` = RMS of pred about its spatial mean over that of truth (the ratio of
+  the population standard deviations over space): above 1 the prediction is too energetic.
+- ``change_correlation`` = Pearson correlation over space of the predicted and the true change
+  from the previous frame, pred[t] - pred[t-1] against truth[t] - truth[t-1] (at step 1 both use
+  the last input frame as t-1): whether the prediction moves the way the truth moves.
+- ``binned_power_ratio`` = per wavenumber bin (the bins above), predicted power over true power
+  (not residual power): below 1 the prediction is too smooth in that band, above 1 too noisy.
+
+Negligible true power (``NEGLIGIBLE_POWER``): a ratio over a power the truth barely has says
+nothing (on band-limited data an empty band's spectral MSE read 1520). So a per-sample value is
+undefined (NaN here, ``null`` in ``RolloutMetrics.to_dict``) when its truth power is at most
+``NEGLIGIBLE_POWER`` times the truth's fluctuation power at that step (its total power less the
+mean mode's, i.e. its population variance over space; the mean is left out so that an offset
+such as a background pressure cannot hide a band). This applies to both spectral measures per
+bin (the bin's true power, which for "low" includes the mean mode), to the change correlation
+(the true change's variance; it is also undefined when the predicted change is exactly zero, as
+persistence's is). The amplitude ratio is undefined only where the truth is flat in space to
+the precision of its dtype (standard deviation at most one machine epsilon of its RMS), so that
+small fluctuations on a large offset keep their amplitude ratio.
+
+Step windows: ``step_windows`` gives the windows 1, 2-10, 11-30, 31-60 and 61+ (1-based steps)
+of a rollout, labelled by the steps that ran ("11-16" for 16 steps; windows past the end are
+left out), and ``RolloutMetrics`` accumulates sums and counts of every metric (``METRICS``: VRMSE,
+NRMSE and the three spectral bins; ``FIDELITY``), so that results gathered across processes
 equal a single-process run. For an ensemble it also accumulates the members' spread in the
-units of each metric (``SPREAD``), the width of the uncertainty band drawn around the model's
-curve.
+units of each error metric (``SPREAD``), the width of the uncertainty band drawn around the
+model's curve. Fields whose truth is constant in space and time over the rollout are named in
+``constant_fields`` and left out of every mean over fields.
 """
 
 from __future__ import annotations
@@ -45,11 +69,24 @@ from torch import Tensor
 EPS = 1e-7
 SPECTRAL_BINS = ("low", "mid", "high")
 METRICS = ("vrmse", "nrmse", *(f"spectral_{b}" for b in SPECTRAL_BINS))
+FIDELITY = (
+    "amplitude_ratio",
+    "change_correlation",
+    *(f"power_ratio_{b}" for b in SPECTRAL_BINS),
+)
+ALL_METRICS = METRICS + FIDELITY
 METRIC_LABELS = {
     "vrmse": "VRMSE",
     "nrmse": "NRMSE",
     **{f"spectral_{b}": f"spectral MSE, {b} k" for b in SPECTRAL_BINS},
+    "amplitude_ratio": "amplitude ratio",
+    "change_correlation": "change correlation",
+    **{f"power_ratio_{b}": f"power ratio, {b} k" for b in SPECTRAL_BINS},
 }
+# A truth power at most this fraction of the truth's fluctuation power is negligible: the
+# ratios over it are reported as undefined (see the module docstring). One threshold for the
+# spectral MSE and the fidelity measures.
+NEGLIGIBLE_POWER = 1e-6
 SOURCES = ("model", "persistence")
 # An ensemble's spread, in each metric's units: the metric of (truth + spread) against truth,
 # e.g. sqrt(<spread^2> / std(truth)^2) for VRMSE. Recorded only for ensembles.
@@ -150,7 +187,7 @@ def binned_spectral_mse(
         ``(..., C, 3)``, bins in ``SPECTRAL_BINS`` order; float64 for float64 inputs, else float32.
     """
     axes = _spatial_axes(pred, truth, n_spatial)
-    fft_dtype = torch.float32 if truth.device.type == "mps" else torch.float64
+    fft_dtype = _precise_dtype(truth)
     truth64 = truth.to(fft_dtype)
     residual = _binned_power(pred.to(fft_dtype) - truth64, axes)  # (..., C, 3)
     out = residual / (_binned_power(truth64, axes) + eps)
@@ -172,6 +209,87 @@ def _binned_power(x: Tensor, axes: tuple[int, ...]) -> Tensor:
     return binned[..., :-1]
 
 
+def _precise_dtype(x: Tensor) -> torch.dtype:
+    """float64 for FFTs and ratios, float32 on MPS (which has no float64)."""
+    return torch.float32 if x.device.type == "mps" else torch.float64
+
+
+def _fluctuation_power(x: Tensor, axes: tuple[int, ...]) -> Tensor:
+    """Population variance over space, ``(..., C, *sp) -> (..., C)``: total power less the mean's."""
+    return x.var(dim=axes, correction=0)
+
+
+def negligible_bins(truth: Tensor, *, n_spatial: int | None = None) -> Tensor:
+    """Which wavenumber bins hold negligible true power (see ``NEGLIGIBLE_POWER``).
+
+    ``truth (..., C, *spatial) -> (..., C, 3)`` bool, bins in ``SPECTRAL_BINS`` order.
+    """
+    axes = _spatial_axes(truth, truth, n_spatial)
+    t = truth.to(_precise_dtype(truth))
+    floor = NEGLIGIBLE_POWER * _fluctuation_power(t, axes)  # (..., C)
+    return _binned_power(t, axes) <= floor.unsqueeze(-1)
+
+
+def binned_power_ratio(pred: Tensor, truth: Tensor, *, n_spatial: int | None = None) -> Tensor:
+    """Predicted over true Fourier power in each wavenumber bin (not the residual's power).
+
+    ``(..., C, *spatial) -> (..., C, 3)``, bins in ``SPECTRAL_BINS`` order; NaN where the truth's
+    power in the bin is negligible (``negligible_bins``). float64, or float32 on MPS.
+    """
+    axes = _spatial_axes(pred, truth, n_spatial)
+    dtype = _precise_dtype(truth)
+    t = truth.to(dtype)
+    true_power = _binned_power(t, axes)  # (..., C, 3)
+    ratio = _binned_power(pred.to(dtype), axes) / true_power
+    floor = NEGLIGIBLE_POWER * _fluctuation_power(t, axes)  # (..., C)
+    return ratio.masked_fill(true_power <= floor.unsqueeze(-1), math.nan)
+
+
+def amplitude_ratio(pred: Tensor, truth: Tensor, *, n_spatial: int | None = None) -> Tensor:
+    """RMS about the spatial mean, prediction over truth: ``(..., C, *sp) -> (..., C)``.
+
+    NaN where the truth is flat in space to the precision of its dtype (standard deviation at
+    most one machine epsilon of its RMS).
+    """
+    axes = _spatial_axes(pred, truth, n_spatial)
+    t = truth.to(_precise_dtype(truth))
+    var_t = _fluctuation_power(t, axes)  # (..., C)
+    ratio = (_fluctuation_power(pred.to(t.dtype), axes) / var_t).sqrt()
+    flat = var_t <= torch.finfo(truth.dtype).eps ** 2 * t.square().mean(dim=axes)
+    return ratio.masked_fill(flat, math.nan)
+
+
+def change_correlation(
+    pred: Tensor,
+    truth: Tensor,
+    prev_pred: Tensor,
+    prev_truth: Tensor,
+    *,
+    n_spatial: int | None = None,
+) -> Tensor:
+    """Correlation over space of the predicted and the true change from the previous frame.
+
+    Pearson correlation of ``pred - prev_pred`` and ``truth - prev_truth`` over the spatial
+    axes, all four ``(..., C, *spatial)``; returns ``(..., C)`` (float64 off MPS). NaN where the predicted
+    change is exactly zero (persistence) or the true change's variance is at most
+    ``NEGLIGIBLE_POWER`` times the truth's.
+    """
+    axes = _spatial_axes(pred, truth, n_spatial)
+    for name, x in (("prev_pred", prev_pred), ("prev_truth", prev_truth)):
+        if x.shape != truth.shape:
+            raise ValueError(f"{name} shape {tuple(x.shape)} != truth shape {tuple(truth.shape)}")
+    dtype = _precise_dtype(truth)
+    dp = pred.to(dtype) - prev_pred.to(dtype)  # (..., C, *sp)
+    dt = truth.to(dtype) - prev_truth.to(dtype)
+    dp = dp - dp.mean(dim=axes, keepdim=True)
+    dt = dt - dt.mean(dim=axes, keepdim=True)
+    var_p, var_t = dp.square().mean(dim=axes), dt.square().mean(dim=axes)  # (..., C)
+    corr = (dp * dt).mean(dim=axes) / (var_p * var_t).sqrt()
+    still = var_p == 0  # no predicted change at all
+    quiet = var_t <= NEGLIGIBLE_POWER * _fluctuation_power(truth.to(dtype), axes)
+    return corr.masked_fill(still | quiet, math.nan)
+
+
 def persistence(input_fields: Tensor, steps: int) -> Tensor:
     """Persistence baseline: the last input frame repeated.
 
@@ -190,16 +308,41 @@ def persistence(input_fields: Tensor, steps: int) -> Tensor:
     return last.expand(last.shape[0], steps, *last.shape[2:])
 
 
-def _window_label(start: int, stop: int | None) -> str:
-    if stop is None:
-        return f"{start}+"
-    return str(start) if start == stop else f"{start}-{stop}"
+def _clipped_windows(
+    n_steps: int, windows: Sequence[tuple[int, int | None]]
+) -> list[tuple[int, int | None, int]]:
+    """``(first, nominal last, last step that ran)`` of each window holding one of ``n_steps``."""
+    out = []
+    for start, stop in windows:
+        if start < 1 or (stop is not None and stop < start):
+            raise ValueError(f"bad step window ({start}, {stop}); need 1 <= first <= last")
+        if start <= n_steps:
+            out.append((start, stop, n_steps if stop is None else min(stop, n_steps)))
+    return out
+
+
+def step_windows(
+    n_steps: int, windows: Sequence[tuple[int, int | None]] = WINDOWS
+) -> dict[str, tuple[int, int]]:
+    """The windows that hold at least one of ``n_steps`` steps, labelled by the steps that ran.
+
+    Returns:
+        label -> inclusive 1-based ``(first, last)``: for 16 steps ``{"1": (1, 1), "2-10":
+        (2, 10), "11-16": (11, 16)}``.
+    """
+    return {
+        (str(a) if a == end else f"{a}-{end}"): (a, end)
+        for a, _, end in _clipped_windows(n_steps, windows)
+    }
 
 
 def window_means(
     per_step: Tensor, windows: Sequence[tuple[int, int | None]] = WINDOWS
 ) -> dict[str, Tensor]:
-    """Average per-step values over windows of 1-based steps.
+    """Average per-step values over windows of 1-based steps, under the windows' nominal labels.
+
+    The labels name the nominal windows (``"11-30"`` even if the steps end at 16), so that tables
+    of rollouts of different lengths line up; ``step_windows`` labels the steps that ran.
 
     Args:
         per_step: ``(steps, ...)``, row ``i`` holds step ``i + 1``.
@@ -209,29 +352,33 @@ def window_means(
         ``{"1": (...), "2-10": (...), ...}``, only for windows that contain at least one step;
         a window cut short by the end averages the steps it has.
     """
-    n_steps = per_step.shape[0]
-    out: dict[str, Tensor] = {}
-    for start, stop in windows:
-        if start < 1 or (stop is not None and stop < start):
-            raise ValueError(f"bad step window ({start}, {stop}); need 1 <= first <= last")
-        if start > n_steps:
-            continue
-        end = n_steps if stop is None else min(stop, n_steps)
-        out[_window_label(start, stop)] = per_step[start - 1 : end].mean(dim=0)
-    return out
+    return {
+        (f"{a}+" if stop is None else str(a) if a == stop else f"{a}-{stop}"): per_step[
+            a - 1 : end
+        ].mean(dim=0)
+        for a, stop, end in _clipped_windows(per_step.shape[0], windows)
+    }
+
+
+def _num(x: float) -> float | None:
+    """A JSON value: NaN (undefined) becomes ``None``."""
+    x = float(x)
+    return None if math.isnan(x) else x
 
 
 class RolloutMetrics:
-    """Accumulates per-step VRMSE, NRMSE and binned spectral MSE of a model and of persistence.
+    """Accumulates per-step errors (``METRICS``) and fidelity measures (``FIDELITY``) of a model
+    and of persistence.
 
-    Values are averaged over samples at each step: sums and sample counts are kept in fixed-size
-    float64 tensors, so merging or all-reducing the states of several processes gives the
-    single-process result (up to float64 rounding). One accumulator serves one grid.
+    Values are averaged at each step over the samples in which they are defined (see
+    ``NEGLIGIBLE_POWER``): sums and counts are kept in fixed-size float64 tensors, so merging or
+    all-reducing the states of several processes gives the single-process result (up to
+    float64 rounding). One accumulator serves one grid.
 
     Args:
         field_names: the C field names.
         steps: the largest 1-based step that will be recorded.
-        eps: denominator epsilon of every metric.
+        eps: denominator epsilon of the error metrics.
         device: where the sums live (use the accelerator's device for NCCL all-reduce).
     """
 
@@ -252,23 +399,43 @@ class RolloutMetrics:
         self.eps = eps
         self.grid: tuple[int, ...] | None = None
         c = len(self.field_names)
-        # sources: model, persistence, spread; spread has its own sample count
-        self.sum = torch.zeros(
-            len(SOURCES) + 1, len(METRICS), steps, c, dtype=torch.float64, device=device
-        )
+        # sources: model, persistence, spread (error metrics only)
+        shape = (len(SOURCES) + 1, len(ALL_METRICS), steps, c)
+        self.sum = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.defined = torch.zeros(shape, dtype=torch.float64, device=device)  # samples per value
+        # samples recorded per step: model and persistence, spread
         self.count = torch.zeros(2, steps, dtype=torch.float64, device=device)
+        # per field, summed over samples and steps: the truth's range over space plus its
+        # largest change from the last input frame (0 for a field constant in space and time)
+        self.variation = torch.zeros(c, dtype=torch.float64, device=device)
 
-    def _values(self, pred: Tensor, truth: Tensor) -> Tensor:
-        """``(B, C, *sp)`` pair -> ``(len(METRICS), C)`` sums over the batch."""
-        spectral = binned_spectral_mse(pred, truth, eps=self.eps)  # (B, C, 3)
-        vals = torch.cat(
-            [
-                vrmse(pred, truth, eps=self.eps).unsqueeze(0),
-                nrmse(pred, truth, eps=self.eps).unsqueeze(0),
-                spectral.to(torch.float64).movedim(-1, 0),
+    def _values(
+        self, pred: Tensor, truth: Tensor, prev_pred: Tensor | None, prev_truth: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``(B, C, *sp)`` frames -> ``(sum, defined)``, each ``(len(ALL_METRICS), C)``.
+
+        ``prev_pred=None`` computes the error metrics only (the others stay undefined).
+        """
+        spectral = binned_spectral_mse(pred, truth, eps=self.eps).to(torch.float64)  # (B, C, 3)
+        spectral = spectral.masked_fill(negligible_bins(truth).to(spectral.device), math.nan)
+        rows = [
+            vrmse(pred, truth, eps=self.eps).to(torch.float64).unsqueeze(0),
+            nrmse(pred, truth, eps=self.eps).to(torch.float64).unsqueeze(0),
+            spectral.movedim(-1, 0),
+        ]  # (M, B, C) pieces
+        if prev_pred is None:
+            rows.append(spectral.new_full((len(FIDELITY), *spectral.shape[:2]), math.nan))
+        else:
+            rows += [
+                amplitude_ratio(pred, truth).to(torch.float64).unsqueeze(0),
+                change_correlation(pred, truth, prev_pred, prev_truth)
+                .to(torch.float64)
+                .unsqueeze(0),
+                binned_power_ratio(pred, truth).to(torch.float64).movedim(-1, 0),
             ]
-        )  # (M, B, C)
-        return vals.to(torch.float64).sum(dim=1).to(self.sum.device)
+        vals = torch.cat(rows).to(self.sum.device)  # (M_all, B, C), NaN where undefined
+        ok = ~vals.isnan()
+        return torch.where(ok, vals, 0.0).sum(dim=1), ok.sum(dim=1).to(torch.float64)
 
     @torch.no_grad()
     def update(
@@ -278,6 +445,9 @@ class RolloutMetrics:
         truth: Tensor,
         last_input: Tensor,
         spread: Tensor | None = None,
+        *,
+        prev_pred: Tensor | None = None,
+        prev_truth: Tensor | None = None,
     ) -> None:
         """Record one step for a batch of trajectories.
 
@@ -287,6 +457,10 @@ class RolloutMetrics:
             truth: ``(B, C, *spatial)`` ground truth.
             last_input: ``(B, C, *spatial)`` last input frame (the persistence prediction).
             spread: ``(B, C, *spatial)`` an ensemble's standard deviation, or ``None``.
+            prev_pred: the model's prediction of the step before (for the change correlation);
+                needed from step 2 on, ``last_input`` at step 1.
+            prev_truth: the truth of the step before; needed from step 2 on, ``last_input`` at
+                step 1.
         """
         if not 1 <= step <= self.steps:
             raise ValueError(f"step {step} outside 1..{self.steps}")
@@ -298,28 +472,50 @@ class RolloutMetrics:
             raise ValueError(
                 f"last_input shape {tuple(last_input.shape)} != truth shape {tuple(truth.shape)}"
             )
+        if step > 1 and (prev_pred is None or prev_truth is None):
+            raise ValueError(
+                f"step {step}: pass prev_pred and prev_truth (the frames of step {step - 1})"
+            )
+        prev_pred = last_input if prev_pred is None else prev_pred
+        prev_truth = last_input if prev_truth is None else prev_truth
         grid = tuple(truth.shape[2:])
         if self.grid is not None and grid != self.grid:
             raise ValueError(f"grid {grid} differs from the grid {self.grid} recorded before")
         self.grid = grid
-        self.sum[0, :, step - 1] += self._values(pred, truth)
-        self.sum[1, :, step - 1] += self._values(last_input, truth)
+        for source, (p, p_prev) in enumerate(((pred, prev_pred), (last_input, last_input))):
+            total, ok = self._values(p, truth, p_prev, prev_truth)
+            self.sum[source, :, step - 1] += total
+            self.defined[source, :, step - 1] += ok
         self.count[0, step - 1] += truth.shape[0]
+        axes = tuple(range(2, truth.ndim))
+        t64 = truth.to(torch.float64)
+        variation = (t64.amax(dim=axes) - t64.amin(dim=axes)) + (
+            t64 - last_input.to(torch.float64)
+        ).abs().amax(dim=axes)  # (B, C)
+        self.variation += variation.sum(dim=0).to(self.variation.device)
         if spread is not None:
             if spread.shape != truth.shape:
                 raise ValueError(
                     f"spread shape {tuple(spread.shape)} != truth shape {tuple(truth.shape)}"
                 )
             truth_f = truth.float() if truth.dtype != torch.float64 else truth
-            self.sum[2, :, step - 1] += self._values(truth_f + spread.to(truth_f.dtype), truth_f)
+            total, ok = self._values(truth_f + spread.to(truth_f.dtype), truth_f, None, truth_f)
+            self.sum[2, :, step - 1] += total
+            self.defined[2, :, step - 1] += ok
             self.count[1, step - 1] += truth.shape[0]
 
     def state(self) -> dict[str, Tensor]:
-        """The tensors to merge or all-reduce: ``sum (3, M, steps, C)``, ``count (2, steps)``.
+        """The tensors to merge or all-reduce: ``sum`` and ``defined (3, M_all, steps, C)``,
+        ``count (2, steps)``, ``variation (C,)``.
 
-        Source 2 of ``sum`` and row 1 of ``count`` hold the ensemble spread.
+        Source 2 of ``sum``/``defined`` and row 1 of ``count`` hold the ensemble spread.
         """
-        return {"sum": self.sum, "count": self.count}
+        return {
+            "sum": self.sum,
+            "defined": self.defined,
+            "count": self.count,
+            "variation": self.variation,
+        }
 
     def merge(self, other: RolloutMetrics | Mapping[str, Tensor]) -> RolloutMetrics:
         """Add another accumulator (or its ``state()``) into this one, in place."""
@@ -330,44 +526,71 @@ class RolloutMetrics:
             )
         if isinstance(other, RolloutMetrics) and self.grid is None:
             self.grid = other.grid
-        self.sum += state["sum"].to(self.sum)
-        self.count += state["count"].to(self.count)
+        for key, mine in self.state().items():
+            mine += state[key].to(mine)
         return self
 
     def all_reduce(self, group: Any = None) -> RolloutMetrics:
         """Sum the state over all processes of ``torch.distributed`` (no-op when not initialised)."""
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(self.sum, group=group)
-            torch.distributed.all_reduce(self.count, group=group)
+            for tensor in self.state().values():
+                torch.distributed.all_reduce(tensor, group=group)
         return self
 
+    def _n_steps(self, row: int) -> int:
+        return int((self.count[row] > 0).sum())
+
     def per_step(self) -> Tensor:
-        """Means ``(2, M, S, C)`` (model, persistence) over the S leading steps with samples."""
-        n = int((self.count[0] > 0).sum())
-        return (self.sum[:2, :, :n] / self.count[0, :n, None]).cpu()
+        """Means ``(2, M_all, S, C)`` (model, persistence) over the S leading steps with samples.
+
+        Metrics in ``ALL_METRICS`` order; NaN where no sample defined the value.
+        """
+        n = self._n_steps(0)
+        return (self.sum[:2, :, :n] / self.defined[:2, :, :n]).cpu()  # 0 / 0 -> NaN
 
     def spread_per_step(self) -> Tensor | None:
-        """Mean ensemble spread ``(M, S, C)`` in each metric's units, ``None`` if none recorded."""
-        n = int((self.count[1] > 0).sum())
+        """Mean ensemble spread ``(len(METRICS), S, C)`` in each error metric's units, ``None``
+        if none recorded."""
+        n = self._n_steps(1)
         if n == 0:
             return None
-        return (self.sum[2, :, :n] / self.count[1, :n, None]).cpu()
+        m = len(METRICS)
+        return (self.sum[2, :m, :n] / self.defined[2, :m, :n]).cpu()
+
+    def constant_fields(self) -> list[str]:
+        """Fields whose truth was constant in space and time in every recorded sample."""
+        if self._n_steps(0) == 0:
+            return []
+        return [f for f, v in zip(self.field_names, self.variation.tolist()) if v == 0]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary.
 
-        Layout: ``{"fields", "steps", "count", "eps", "spectral_bins", "model": M,
-        "persistence": M[, "spread": M]}`` (``spread`` for ensembles) with ``M[metric] = {"per_step": {field: [S]}, "windows": {field:
+        Layout: ``{"fields", "steps", "count", "eps", "negligible_power", "spectral_bins",
+        "windows", "constant_fields", "fields_in_mean", "negligible_true_power", "model": M,
+        "persistence": M[, "spread": M]}`` (``spread`` for ensembles, error metrics only) with
+        ``M[metric] = {"per_step": {field: [S]}, "samples": {field: [S]}, "windows": {field:
         {window: v}}, "mean_over_fields": {"per_step": [S], "windows": {window: v}}}`` for every
-        metric of ``METRICS``. ``spectral_bins`` gives the bin names and, once a step has been
-        recorded here, the grid and the bin edges in radians per cell.
+        metric of ``ALL_METRICS``. ``null`` marks an undefined value (see ``NEGLIGIBLE_POWER``);
+        ``samples`` counts the samples each per-step value averages. ``windows`` maps each
+        window label to its first and last step. The means over fields leave out
+        ``constant_fields``. ``negligible_true_power`` lists, per field and bin, the steps at
+        which the truth's power in the bin was negligible in every sample (the spectral MSE
+        and the power ratio are ``null`` there). ``spectral_bins`` gives the bin names and, once
+        a step has been recorded, the grid and the bin edges in radians per cell.
         """
-        means = self.per_step()  # (2, M, S, C)
+        means = self.per_step()  # (2, M_all, S, C)
+        n = means.shape[2]
+        windows = step_windows(n) if n else {}
+        constant = self.constant_fields()
+        in_mean = [c for c, f in enumerate(self.field_names) if f not in constant]
+        defined = self.defined.cpu()
         out: dict[str, Any] = {
             "fields": self.field_names,
-            "steps": means.shape[2],
-            "count": [int(c) for c in self.count[0, : means.shape[2]].tolist()],
+            "steps": n,
+            "count": [int(c) for c in self.count[0, :n].tolist()],
             "eps": self.eps,
+            "negligible_power": NEGLIGIBLE_POWER,
             "spectral_bins": {
                 "names": list(SPECTRAL_BINS),
                 "grid": list(self.grid) if self.grid is not None else None,
@@ -375,26 +598,54 @@ class RolloutMetrics:
                 if self.grid is not None
                 else None,
             },
-        }
-        spread = self.spread_per_step()  # (M, S', C) or None
-        blocks = [(source, means[i]) for i, source in enumerate(SOURCES)]
-        if spread is not None:
-            blocks.append((SPREAD, spread))
-        for source, table in blocks:
-            out[source] = {}
-            for m, metric in enumerate(METRICS):
-                values = table[m]  # (S, C)
-                field_mean = values.mean(dim=1)  # (S,)
-                windows = window_means(values)
-                out[source][metric] = {
-                    "per_step": {f: values[:, c].tolist() for c, f in enumerate(self.field_names)},
-                    "windows": {
-                        f: {w: float(v[c]) for w, v in windows.items()}
-                        for c, f in enumerate(self.field_names)
-                    },
-                    "mean_over_fields": {
-                        "per_step": field_mean.tolist(),
-                        "windows": {w: float(v) for w, v in window_means(field_mean).items()},
-                    },
+            "windows": {w: list(span) for w, span in windows.items()},
+            "constant_fields": constant,
+            "fields_in_mean": [self.field_names[c] for c in in_mean],
+            "negligible_true_power": {
+                f: {
+                    b: [
+                        s + 1
+                        for s in range(n)
+                        if defined[0, METRICS.index(f"spectral_{b}"), s, c] == 0
+                    ]
+                    for b in SPECTRAL_BINS
                 }
+                for c, f in enumerate(self.field_names)
+            },
+        }
+        spread = self.spread_per_step()  # (len(METRICS), S', C) or None
+        blocks = [(source, ALL_METRICS, means[i], defined[i]) for i, source in enumerate(SOURCES)]
+        if spread is not None:
+            blocks.append((SPREAD, METRICS, spread, defined[2]))
+        for source, names, table, samples in blocks:
+            out[source] = {
+                metric: self._block(table[m], samples[m, : table.shape[1]], in_mean)
+                for m, metric in enumerate(names)
+            }
         return out
+
+    def _block(self, values: Tensor, samples: Tensor, in_mean: list[int]) -> dict[str, Any]:
+        """JSON block of one metric from ``values (S, C)`` (NaN: undefined) and ``samples (S, C)``."""
+        windows = step_windows(values.shape[0]) if values.shape[0] else {}
+        field_mean = (
+            values[:, in_mean].nanmean(dim=1)
+            if in_mean
+            else values.new_full(values.shape[:1], math.nan)
+        )  # (S,)
+
+        def over(x: Tensor) -> dict[str, float | None]:  # (S,) -> window -> mean of the defined
+            return {w: _num(x[a - 1 : b].nanmean()) for w, (a, b) in windows.items()}
+
+        return {
+            "per_step": {
+                f: [_num(v) for v in values[:, c].tolist()] for c, f in enumerate(self.field_names)
+            },
+            "samples": {
+                f: [int(k) for k in samples[:, c].tolist()] for c, f in enumerate(self.field_names)
+            },
+            "windows": {f: over(values[:, c]) for c, f in enumerate(self.field_names)},
+            "mean_over_fields": {
+                "per_step": [_num(v) for v in field_mean.tolist()],
+                "windows": over(field_mean),
+            },
+        }

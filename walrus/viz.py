@@ -10,6 +10,7 @@ Field arrays are ``(S, C, *spatial)`` (steps, fields, 1-3 spatial axes) numpy ar
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -20,9 +21,11 @@ import numpy as np
 from torch import Tensor
 
 from walrus.atomic import atomic_path
-from walrus.metrics import METRIC_LABELS, SPECTRAL_BINS, SPREAD
+from walrus.metrics import METRIC_LABELS, NEGLIGIBLE_POWER, SOURCES, SPECTRAL_BINS, SPREAD
 
 MAX_FRAMES = 60
+# GIF frames are quantised to this many colours each, with a palette fitted to the frame
+GIF_COLOURS = 256
 
 
 def _new_figure(width: float, height: float) -> Any:
@@ -34,11 +37,35 @@ def _new_figure(width: float, height: float) -> Any:
     return fig
 
 
-def _save_figure(fig: Any, path: str | os.PathLike[str], dpi: int) -> Path:
+def _save_figure(fig: Any, path: str | os.PathLike[str], dpi: int, title: str | None) -> Path:
+    """Save as png, atomically; ``title`` goes into the image's metadata too."""
     path = Path(path)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=dpi)
+        fig.savefig(tmp, dpi=dpi, format="png", metadata={"Title": title} if title else None)
     return path
+
+
+def _curve(values: Sequence[float | None]) -> np.ndarray:
+    """Per-step JSON values as floats; ``None`` (undefined) becomes NaN, a gap in the line."""
+    return np.array([math.nan if v is None else v for v in values], dtype=float)
+
+
+def _mark_windows(ax: Any, windows: Mapping[str, Sequence[int]], label: bool) -> None:
+    """Shade every other step window and, if ``label``, name each one at the top."""
+    for k, (name, (first, last)) in enumerate(windows.items()):
+        if k % 2:
+            ax.axvspan(first - 0.5, last + 0.5, color="0.5", alpha=0.08, lw=0)
+        if label:
+            ax.text(
+                (first + last) / 2,
+                0.98,
+                name,
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="top",
+                fontsize=7,
+                color="0.35",
+            )
 
 
 def _as_array(x: Any, name: str) -> np.ndarray:
@@ -68,12 +95,15 @@ def plot_error_curves(
     path: str | os.PathLike[str],
     metric: str = "vrmse",
     *,
+    title: str | None = None,
     dpi: int = 100,
 ) -> Path:
     """Plot error against rollout step, model vs persistence, log y axis.
 
     For an ensemble (``metrics`` holds ``"spread"``) the model's curve gets a band of +- the
-    members' spread in the same metric's units.
+    members' spread in the same metric's units. Undefined values (``null``: negligible true
+    power) are gaps, and a panel with none defined says so. The step windows of ``metrics``
+    are shaded and named.
 
     Args:
         metrics: ``RolloutMetrics.to_dict()`` output.
@@ -81,6 +111,7 @@ def plot_error_curves(
         metric: a name of ``walrus.metrics.METRICS`` (``"vrmse"``, ``"nrmse"``,
             ``"spectral_low"``, ...): one panel per field; or ``"spectral"``: one row per field,
             one column per wavenumber bin of the binned spectral MSE.
+        title: the figure's title (e.g. dataset, trajectories, steps, ensemble size).
         dpi: resolution.
 
     Returns:
@@ -89,7 +120,7 @@ def plot_error_curves(
     fields = list(metrics["fields"])
     if metric == "spectral":
         bins = list(metrics.get("spectral_bins", {}).get("names", SPECTRAL_BINS))
-        panels = [(f, f"spectral_{b}", f) for f in fields for b in bins]
+        panels = [(f"{f}, {b} k", f"spectral_{b}", f) for f in fields for b in bins]
         cols = len(bins)
     else:
         panels = [(f, metric, f) for f in fields]
@@ -100,17 +131,19 @@ def plot_error_curves(
             f"metric {metric!r}: {missing} not in metrics; have {sorted(metrics.get('model', {}))}"
         )
     rows = -(-len(panels) // cols)
-    fig = _new_figure(3.2 * cols, 2.6 * rows)
+    fig = _new_figure(3.2 * cols, 2.6 * rows + 0.4)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, (title, key, field) in zip(axes, panels):
+    constant = set(metrics.get("constant_fields", []))
+    for k, (ax, (name, key, field)) in enumerate(zip(axes, panels)):
+        _mark_windows(ax, metrics.get("windows", {}), label=k < cols)
         for source, style in (("model", "-"), ("persistence", "--")):
-            values = np.asarray(metrics[source][key]["per_step"][field], dtype=float)
+            values = _curve(metrics[source][key]["per_step"][field])
             steps = np.arange(1, len(values) + 1)
             line = ax.plot(
                 steps, values, style, label=source, marker="." if len(values) < 20 else None
             )
             if source == "model" and SPREAD in metrics:
-                width = np.asarray(metrics[SPREAD][key]["per_step"][field], dtype=float)
+                width = _curve(metrics[SPREAD][key]["per_step"][field])
                 n = min(len(width), len(values))
                 lo = np.maximum(values[:n] - width[:n], values[:n] * 1e-3)  # keep > 0 (log axis)
                 ax.fill_between(
@@ -123,21 +156,138 @@ def plot_error_curves(
                 )
             if np.any(values > 0):
                 ax.set_yscale("log")
-        ax.set_title(title)
+        if np.isnan(_curve(metrics["model"][key]["per_step"][field])).all():
+            ax.text(0.5, 0.5, "n/a: negligible true power", transform=ax.transAxes, ha="center")
+            ax.set_yticks([])
+        ax.set_title(f"{name} (constant)" if field in constant else name, fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(METRIC_LABELS.get(key, key))
         ax.grid(True, which="both", alpha=0.3)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     edges = metrics.get("spectral_bins", {}).get("edges")
+    lines = [title] if title else []
     if metric == "spectral" and edges:
-        fig.suptitle(f"binned spectral MSE; bin edges |k| = {', '.join(f'{e:.3g}' for e in edges)}")
-    axes[0].legend()
-    return _save_figure(fig, path, dpi)
+        lines.append(
+            f"binned spectral MSE; bin edges |k| = {', '.join(f'{e:.3g}' for e in edges)}; gaps: "
+            f"the truth's power in the bin is at most {NEGLIGIBLE_POWER:g} of its power about "
+            "the mean"
+        )
+    if lines:
+        fig.suptitle("\n".join(lines), fontsize=10)
+    axes[0].legend(fontsize=8)
+    return _save_figure(fig, path, dpi, title)
+
+
+def _spans_decades(values: np.ndarray) -> bool:
+    """Whether positive ``values`` (NaN ignored) span more than a factor of 10 (log axis)."""
+    shown = values[np.isfinite(values)]
+    return bool(shown.size) and shown.min() > 0 and shown.max() > 10 * shown.min()
+
+
+def plot_fidelity(
+    metrics: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    dpi: int = 100,
+) -> Path:
+    """Physical fidelity against rollout step: amplitude ratio, change correlation and the
+    power ratio of each wavenumber bin, model (solid) against persistence (dashed).
+
+    One row per field and one for the mean over fields; 1 (dotted) is ideal everywhere.
+    Undefined values (negligible true power, persistence's change) are gaps.
+
+    Args:
+        metrics: ``RolloutMetrics.to_dict()`` output (with the ``FIDELITY`` measures).
+        path: output image (png).
+        title: the figure's title.
+        dpi: resolution.
+
+    Returns:
+        The written path.
+    """
+    if "amplitude_ratio" not in metrics.get("model", {}):
+        raise ValueError("metrics hold no fidelity measures (amplitude_ratio, ...)")
+    fields = list(metrics["fields"])
+    constant = set(metrics.get("constant_fields", []))
+    rows = [(f"{f} (constant)" if f in constant else f, f) for f in fields]
+    rows.append(("mean over fields", None))
+    bins = list(metrics.get("spectral_bins", {}).get("names", SPECTRAL_BINS))
+    fig = _new_figure(10.5, 2.4 * len(rows) + 0.4)
+    axes = fig.subplots(len(rows), 3, squeeze=False)
+    panels = (
+        ("amplitude ratio", ["amplitude_ratio"], True),
+        ("change correlation", ["change_correlation"], False),
+        ("power ratio per k bin", [f"power_ratio_{b}" for b in bins], True),
+    )
+
+    def series(source: str, key: str, field: str | None) -> np.ndarray:
+        block = metrics[source][key]
+        return _curve(
+            block["mean_over_fields"]["per_step"] if field is None else block["per_step"][field]
+        )
+
+    for r, (row_name, field) in enumerate(rows):
+        for j, (label, keys, log) in enumerate(panels):
+            ax = axes[r, j]
+            _mark_windows(ax, metrics.get("windows", {}), label=r == 0)
+            ax.axhline(1.0, color="k", lw=0.8, ls=":")
+            drawn: list[np.ndarray] = []
+            for key, colour in zip(keys, ("C0", "C1", "C2")):
+                prefix = f"{key.removeprefix('power_ratio_')} k " if len(keys) > 1 else ""
+                for source, style in zip(SOURCES, ("-", "--")):
+                    values = series(source, key, field)
+                    if np.isnan(values).all():
+                        continue
+                    ax.plot(
+                        np.arange(1, len(values) + 1),
+                        values,
+                        style,
+                        color=colour,
+                        label=f"{prefix}{source}",
+                        marker="." if len(values) < 20 else None,
+                    )
+                    drawn.append(values)
+            if not drawn:
+                ax.text(0.5, 0.5, "n/a", transform=ax.transAxes, ha="center")
+                ax.set_yticks([])
+            elif log and _spans_decades(np.concatenate(drawn)):
+                ax.set_yscale("log")
+            ax.set_title(f"{row_name}: {label}", fontsize=9)
+            ax.set_xlabel("step")
+            ax.grid(True, which="both", alpha=0.3)
+            if r == 0 and drawn:
+                ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save_figure(fig, path, dpi, title)
 
 
 def _default_steps(n_steps: int, k: int = 4) -> list[int]:
     return sorted({int(round(s)) for s in np.linspace(1, n_steps, min(k, n_steps))})
+
+
+def snapshot_limits(
+    truth: np.ndarray, pred: np.ndarray, spread: np.ndarray | None
+) -> dict[str, tuple[float, float]]:
+    """Colour limits of one field's snapshot rows, from the frames shown ``(K, *spatial)``.
+
+    Truth and prediction share the truth's range, the error is symmetric about 0, and the
+    ensemble spread gets its own scale from 0 to its largest value (on the error's scale it
+    would be nearly black: an ensemble's spread is often much smaller than the error).
+    """
+    limits = {
+        "truth": (float(truth.min()), float(truth.max())),
+        "error": (-1.0, 1.0),
+    }
+    err_max = float(np.abs(pred - truth).max())
+    if err_max > 0:
+        limits["error"] = (-err_max, err_max)
+    limits["prediction"] = limits["truth"]
+    if spread is not None:
+        limits["spread"] = (0.0, float(spread.max()) or 1.0)
+    return limits
 
 
 def plot_snapshots(
@@ -148,6 +298,7 @@ def plot_snapshots(
     path: str | os.PathLike[str],
     *,
     spread: Any = None,
+    title: str | None = None,
     dpi: int = 100,
 ) -> Path:
     """Truth, prediction and error (and an ensemble's spread) for each field at a few steps.
@@ -159,7 +310,8 @@ def plot_snapshots(
         steps: 1-based steps to show (columns); ``None`` picks up to 4 spread over the rollout.
         path: output image (png).
         spread: an ensemble's standard deviation, shaped like ``pred``: adds a row per field,
-            on the error row's colour scale.
+            on its own colour scale (``snapshot_limits``).
+        title: the figure's title (e.g. dataset, trajectory, steps, ensemble size).
         dpi: resolution.
 
     Returns:
@@ -180,31 +332,30 @@ def plot_snapshots(
         sd = _to_2d_or_1d(sd)
     per_field = 3 if sd is None else 4
     rows, cols = per_field * len(field_names), len(steps)
-    fig = _new_figure(2.4 * cols + 0.6, 2.0 * rows)
+    fig = _new_figure(2.4 * cols + 0.6, 2.0 * rows + (0.4 if title else 0.0))
     axes = fig.subplots(rows, cols, squeeze=False)
+    shown = [s - 1 for s in steps]
     for c, name in enumerate(field_names):
-        shown_t, shown_p = t[[s - 1 for s in steps], c], p[[s - 1 for s in steps], c]
-        lo, hi = float(shown_t.min()), float(shown_t.max())
-        err_max = float(np.abs(shown_p - shown_t).max()) or 1.0
+        limits = snapshot_limits(t[shown, c], p[shown, c], None if sd is None else sd[shown, c])
         for j, s in enumerate(steps):
-            panels = (
-                ("truth", t[s - 1, c], "viridis", lo, hi),
-                ("prediction", p[s - 1, c], "viridis", lo, hi),
-                ("error", p[s - 1, c] - t[s - 1, c], "RdBu_r", -err_max, err_max),
-            )
+            panels = [
+                ("truth", t[s - 1, c], "viridis"),
+                ("prediction", p[s - 1, c], "viridis"),
+                ("error", p[s - 1, c] - t[s - 1, c], "RdBu_r"),
+            ]
             if sd is not None:
-                panels += (("spread", sd[s - 1, c], "magma", 0.0, err_max),)
-            for r, (label, img, cmap, vmin, vmax) in enumerate(panels):
+                panels.append(("spread", sd[s - 1, c], "magma"))
+            for r, (label, img, cmap) in enumerate(panels):
                 ax = axes[per_field * c + r, j]
+                vmin, vmax = limits[label]
                 if img.ndim == 1:
                     ax.plot(img, lw=1.0)
                     if label == "prediction":
                         ax.plot(t[s - 1, c], "k--", lw=0.8)
-                    if label in ("error", "spread"):
-                        ax.set_ylim(-1.05 * err_max, 1.05 * err_max)
-                    else:
-                        lo1, hi1 = min(lo, float(shown_p.min())), max(hi, float(shown_p.max()))
-                        ax.set_ylim(lo1 - 0.05 * (hi1 - lo1), hi1 + 0.05 * (hi1 - lo1) + 1e-12)
+                        vmin = min(vmin, float(p[shown, c].min()))
+                        vmax = max(vmax, float(p[shown, c].max()))
+                    pad = 0.05 * (vmax - vmin) + 1e-12
+                    ax.set_ylim(vmin - pad, vmax + pad)
                 else:
                     im = ax.imshow(img.T, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax)
                     if j == cols - 1:
@@ -215,7 +366,92 @@ def plot_snapshots(
                     ax.set_title(f"step {s}")
                 if j == 0:
                     ax.set_ylabel(f"{name}\n{label}")
-    return _save_figure(fig, path, dpi)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save_figure(fig, path, dpi, title)
+
+
+class _Animation:
+    """The animation's figure: truth, prediction and error per field, with colour bars.
+
+    ``show(i)`` sets every panel to frame ``i`` (0-based step) and the title to its step.
+    """
+
+    def __init__(
+        self, t: np.ndarray, p: np.ndarray, field_names: Sequence[str], title: str | None
+    ) -> None:
+        err = p - t
+        self.n_steps = t.shape[0]
+        self.title = title
+        self.fig = _new_figure(8.4, 2.2 * len(field_names) + 0.4)
+        axes = self.fig.subplots(len(field_names), 3, squeeze=False)
+        self.artists: list[tuple[Any, np.ndarray, int]] = []
+        for c, name in enumerate(field_names):
+            lo, hi = float(t[:, c].min()), float(t[:, c].max())
+            err_max = float(np.abs(err[:, c]).max()) or 1.0
+            for j, (label, data, cmap, vmin, vmax) in enumerate(
+                (
+                    ("truth", t, "viridis", lo, hi),
+                    ("prediction", p, "viridis", lo, hi),
+                    ("error", err, "RdBu_r", -err_max, err_max),
+                )
+            ):
+                ax = axes[c, j]
+                if data.ndim == 3:
+                    (art,) = ax.plot(data[0, c], lw=1.0)
+                    pad = 0.05 * (vmax - vmin) + 1e-12
+                    ax.set_ylim(vmin - pad, vmax + pad)
+                else:
+                    art = ax.imshow(data[0, c].T, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax)
+                    self.fig.colorbar(art, ax=ax, shrink=0.85)
+                    ax.set_xticks([])
+                    ax.set_yticks([])
+                ax.set_title(f"{name} {label}", fontsize=9)
+                self.artists.append((art, data, c))
+        self.suptitle = self.fig.suptitle("", fontsize=10)
+
+    def show(self, i: int) -> None:
+        for art, data, c in self.artists:
+            if data.ndim == 3:
+                art.set_ydata(data[i, c])
+            else:
+                art.set_data(data[i, c].T)
+        step = f"step {i + 1} of {self.n_steps}"
+        self.suptitle.set_text(f"{self.title}: {step}" if self.title else step)
+
+    def rgb(self, dpi: int) -> np.ndarray:
+        """The current frame rendered at ``dpi``, ``(H, W, 3)`` uint8."""
+        self.fig.set_dpi(dpi)
+        self.fig.canvas.draw()
+        return np.asarray(self.fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def _frame_indices(n_steps: int, max_frames: int) -> np.ndarray:
+    """0-based steps shown: all, or ``max_frames`` evenly spaced ones."""
+    if max_frames < 1:
+        raise ValueError(f"max_frames must be >= 1, got {max_frames}")
+    return np.unique(np.linspace(0, n_steps - 1, min(max_frames, n_steps)).round().astype(int))
+
+
+def animation_frames(
+    truth: Any,
+    pred: Any,
+    field_names: Sequence[str],
+    *,
+    title: str | None = None,
+    max_frames: int = MAX_FRAMES,
+    dpi: int = 72,
+) -> list[np.ndarray]:
+    """The animation's frames as images, ``(H, W, 3)`` uint8 each (what ``write_animation``
+    encodes); arguments as for ``write_animation``."""
+    t, p = _as_array(truth, "truth"), _as_array(pred, "pred")
+    _check_fields(t, p, field_names)
+    anim = _Animation(_to_2d_or_1d(t), _to_2d_or_1d(p), field_names, title)
+    frames = []
+    for i in _frame_indices(t.shape[0], max_frames):
+        anim.show(int(i))
+        frames.append(anim.rgb(dpi))
+    return frames
 
 
 def write_animation(
@@ -224,20 +460,25 @@ def write_animation(
     field_names: Sequence[str],
     path_stem: str | os.PathLike[str],
     *,
+    title: str | None = None,
     fps: int = 8,
     max_frames: int = MAX_FRAMES,
     dpi: int = 72,
 ) -> Path:
-    """Animate truth, prediction and error side by side over the rollout.
+    """Animate truth, prediction and error side by side over the rollout, with colour bars.
 
-    Writes ``<path_stem>.mp4`` when ``ffmpeg`` is on the PATH, else ``<path_stem>.gif`` (Pillow).
-    Long rollouts are subsampled to at most ``max_frames`` frames.
+    Writes ``<path_stem>.mp4`` when ``ffmpeg`` is on the PATH, else ``<path_stem>.gif``: each
+    GIF frame gets its own palette of ``GIF_COLOURS`` colours fitted to it (no dithering), so
+    colour maps keep their gradients. Long rollouts are subsampled to at most ``max_frames``
+    frames.
 
     Args:
         truth: ``(S, C, *spatial)``.
         pred: same shape.
         field_names: the C names (rows).
         path_stem: output path without suffix.
+        title: prefix of every frame's title (e.g. dataset, trajectory, ensemble size); the
+            frame's step follows it.
         fps: frames per second.
         max_frames: frame cap.
         dpi: resolution.
@@ -245,55 +486,36 @@ def write_animation(
     Returns:
         The written path.
     """
-    from matplotlib.animation import FFMpegWriter, PillowWriter
-
     t, p = _as_array(truth, "truth"), _as_array(pred, "pred")
     _check_fields(t, p, field_names)
-    if max_frames < 1:
-        raise ValueError(f"max_frames must be >= 1, got {max_frames}")
-    t, p = _to_2d_or_1d(t), _to_2d_or_1d(p)
-    n_steps = t.shape[0]
-    frames = np.unique(np.linspace(0, n_steps - 1, min(max_frames, n_steps)).round().astype(int))
-    err = p - t
-    fig = _new_figure(7.5, 2.2 * len(field_names))
-    axes = fig.subplots(len(field_names), 3, squeeze=False)
-    artists = []
-    for c, name in enumerate(field_names):
-        lo, hi = float(t[:, c].min()), float(t[:, c].max())
-        err_max = float(np.abs(err[:, c]).max()) or 1.0
-        row = []
-        for j, (label, data, cmap, vmin, vmax) in enumerate(
-            (
-                ("truth", t, "viridis", lo, hi),
-                ("prediction", p, "viridis", lo, hi),
-                ("error", err, "RdBu_r", -err_max, err_max),
-            )
-        ):
-            ax = axes[c, j]
-            if data.ndim == 3:
-                (art,) = ax.plot(data[0, c], lw=1.0)
-                ax.set_ylim(
-                    vmin - 0.05 * (vmax - vmin) - 1e-12, vmax + 0.05 * (vmax - vmin) + 1e-12
-                )
-            else:
-                art = ax.imshow(data[0, c].T, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax)
-                ax.set_xticks([])
-                ax.set_yticks([])
-            ax.set_title(f"{name} {label}", fontsize=9)
-            row.append((art, data))
-        artists.append(row)
-    title = fig.suptitle("")
-    use_mp4 = shutil.which("ffmpeg") is not None
-    path = Path(f"{os.fspath(path_stem)}.{'mp4' if use_mp4 else 'gif'}")
-    writer = FFMpegWriter(fps=fps) if use_mp4 else PillowWriter(fps=fps)
-    with atomic_path(path) as tmp, writer.saving(fig, str(tmp), dpi):
-        for i in frames:
-            for c, row in enumerate(artists):
-                for art, data in row:
-                    if data.ndim == 3:
-                        art.set_ydata(data[i, c])
-                    else:
-                        art.set_data(data[i, c].T)
-            title.set_text(f"step {i + 1}")
-            writer.grab_frame()
+    indices = _frame_indices(t.shape[0], max_frames)
+    if shutil.which("ffmpeg") is not None:
+        from matplotlib.animation import FFMpegWriter
+
+        anim = _Animation(_to_2d_or_1d(t), _to_2d_or_1d(p), field_names, title)
+        path = Path(f"{os.fspath(path_stem)}.mp4")
+        writer = FFMpegWriter(fps=fps)
+        with atomic_path(path) as tmp, writer.saving(anim.fig, str(tmp), dpi):
+            for i in indices:
+                anim.show(int(i))
+                writer.grab_frame()
+        return path
+    from PIL import Image
+
+    frames = [
+        Image.fromarray(rgb).quantize(
+            colors=GIF_COLOURS, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
+        )
+        for rgb in animation_frames(t, p, field_names, title=title, max_frames=max_frames, dpi=dpi)
+    ]
+    path = Path(f"{os.fspath(path_stem)}.gif")
+    with atomic_path(path) as tmp:
+        frames[0].save(
+            tmp,
+            format="GIF",
+            save_all=True,
+            append_images=frames[1:],
+            duration=round(1000 / fps),
+            loop=0,
+        )
     return path

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,16 +20,27 @@ from walrus.atomic import write_text_atomic
 from walrus.bcs import BoundaryType
 from walrus.data.well_dataset import WellDataset
 from walrus.data.writer import write_well_file
-from walrus.metrics import SPECTRAL_BINS
+from walrus.metrics import NEGLIGIBLE_POWER, SPECTRAL_BINS
 
-# The printed tables: point-wise errors, then the binned spectral MSE (one column pair per bin).
+# The printed tables: point-wise errors, the binned spectral MSE (one column pair per bin), then
+# the physical-fidelity measures (1 is ideal for all of them).
 TABLES = (
     ("", {"vrmse": "VRMSE", "nrmse": "NRMSE"}),
     (
         "binned spectral MSE (residual power / true power, per wavenumber bin)",
         {f"spectral_{b}": f"{b} k" for b in SPECTRAL_BINS},
     ),
+    (
+        "physical fidelity, 1 is ideal (amplitude: RMS about the spatial mean, predicted / "
+        "true;\nchange corr: correlation of the predicted and true frame-to-frame changes)",
+        {"amplitude_ratio": "amplitude", "change_correlation": "change corr"},
+    ),
+    (
+        "power spectrum ratio (predicted power / true power, per wavenumber bin; 1 is ideal)",
+        {f"power_ratio_{b}": f"{b} k" for b in SPECTRAL_BINS},
+    ),
 )
+NOTE_WIDTH = 100  # the lines under a table are wrapped to this width
 SOURCE_LABELS = {"model": "model", "persistence": "persist."}
 
 
@@ -122,21 +134,51 @@ def _field_groups(
     return groups
 
 
-def _fmt(value: float) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "nan"
-    return f"{value:.4g}"
+def _fmt(value: float | None) -> str:
+    """A table cell: ``None`` (undefined) is ``n/a``."""
+    if value is None:
+        return "n/a"
+    return "nan" if math.isnan(value) else f"{value:.4g}"
+
+
+def table_notes(metrics: Mapping[str, Any]) -> list[str]:
+    """Lines under a table: constant fields left out of the means, and what ``n/a`` means."""
+    notes = []
+    if metrics.get("constant_fields"):
+        notes.append(
+            "constant in space and time, left out of the means over fields: "
+            + ", ".join(metrics["constant_fields"])
+        )
+    steps = metrics["steps"]
+    empty = []
+    for field, bins in metrics.get("negligible_true_power", {}).items():
+        parts = [
+            f"{b} k" + ("" if len(at) == steps else f" at {len(at)} of {steps} steps")
+            for b, at in bins.items()
+            if at
+        ]
+        if parts and field not in metrics.get("constant_fields", []):
+            empty.append(f"{field}: {', '.join(parts)}")
+    if empty:
+        notes.append(
+            f"negligible true power (at most {NEGLIGIBLE_POWER:g} of the field's power about its "
+            f"mean), spectral MSE and power ratio n/a: {'; '.join(empty)}"
+        )
+    notes.append(
+        "n/a: undefined (negligible true power or true change; persistence does not change)"
+    )
+    return [textwrap.fill(note, NOTE_WIDTH, subsequent_indent="  ") for note in notes]
 
 
 def format_rollout_table(name: str, metrics: Mapping[str, Any]) -> str:
-    """Windowed errors, mean over fields, model against persistence, as aligned text.
+    """Windowed errors and fidelity measures, mean over fields, model against persistence.
 
     Args:
         name: dataset name (title line).
         metrics: ``RolloutMetrics.to_dict()``.
     """
-    windows = list(metrics["model"]["vrmse"]["mean_over_fields"]["windows"])
-    blocks = [f"{name}: {metrics['steps']} steps, mean over fields {metrics['fields']}"]
+    windows = list(metrics["windows"])
+    blocks = [f"{name}: {metrics['steps']} steps, mean over fields {metrics['fields_in_mean']}"]
     for title, labels in TABLES:
         head = ["steps"] + [
             f"{lab} {SOURCE_LABELS[s]}" for lab in labels.values() for s in SOURCE_LABELS
@@ -151,11 +193,11 @@ def format_rollout_table(name: str, metrics: Mapping[str, Any]) -> str:
             for w in windows
         ]
         blocks.append(_table(title, head, rows))
-    return "\n".join(blocks)
+    return "\n".join(blocks + table_notes(metrics))
 
 
 def format_evaluate_table(name: str, metrics: Mapping[str, Any], n_windows: int) -> str:
-    """One-step errors per field and their mean, model against persistence, as aligned text."""
+    """One-step errors and fidelity per field and their mean, model against persistence."""
     blocks = [f"{name}: one-step errors over {n_windows} windows"]
     for title, labels in TABLES:
         head = ["field"] + [
@@ -175,7 +217,7 @@ def format_evaluate_table(name: str, metrics: Mapping[str, Any], n_windows: int)
                     row.append(_fmt(values[0]) if values else "n/a")
             rows.append(row)
         blocks.append(_table(title, head, rows))
-    return "\n".join(blocks)
+    return "\n".join(blocks + table_notes(metrics))
 
 
 def _table(title: str, head: list[str], rows: list[list[str]]) -> str:

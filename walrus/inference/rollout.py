@@ -165,8 +165,9 @@ def _write_dataset_files(
     stride: int,
     notes: list[str],
 ) -> list[Path]:
-    """predictions.hdf5 and the plots of one dataset; appends to ``notes`` what was skipped."""
-    from walrus.viz import plot_error_curves, plot_snapshots, write_animation
+    """predictions.hdf5 and the plots of one dataset (vrmse.png, spectral.png, fidelity.png,
+    snapshots.png, rollout.gif or .mp4); appends to ``notes`` what was skipped."""
+    from walrus.viz import plot_error_curves, plot_fidelity, plot_snapshots, write_animation
 
     name = ds.dataset
     entry = report["datasets"][name]
@@ -199,16 +200,40 @@ def _write_dataset_files(
             notes.append(f"{name}: no finite prediction to store; predictions.hdf5 not written")
     if not cfg.plots or not entry["metrics"]["steps"]:
         return files
-    files.append(plot_error_curves(entry["metrics"], out / "vrmse.png", "vrmse"))
-    files.append(plot_error_curves(entry["metrics"], out / "spectral.png", "spectral"))
+    members = f", ensemble of {module.members}" if module.members > 1 else ""
+    steps_run = entry["metrics"]["steps"]
+    about = f"{name}: {_trajectories_label(sel)}, {steps_run} steps{members}"
+    files.append(plot_error_curves(entry["metrics"], out / "vrmse.png", "vrmse", title=about))
+    files.append(plot_error_curves(entry["metrics"], out / "spectral.png", "spectral", title=about))
+    files.append(plot_fidelity(entry["metrics"], out / "fidelity.png", title=about))
     pred = preds[0]  # (S_done, C, *sp) of the first selected trajectory
     if pred.shape[0] >= 1:
         truth = load_rollout_sample(
             ds, sel[0], start=start, n_steps_input=n_in, steps=pred.shape[0], stride=stride
         ).output_fields[0]  # (S_done, C, *sp)
         spread = None if spreads is None else spreads[0]  # (S_done, C, *sp)
+        one = f"{name}: trajectory {sel[0]}"
         files.append(
-            plot_snapshots(truth, pred, ds.field_names, None, out / "snapshots.png", spread=spread)
+            plot_snapshots(
+                truth,
+                pred,
+                ds.field_names,
+                None,
+                out / "snapshots.png",
+                spread=spread,
+                title=f"{one}, steps 1-{pred.shape[0]}{members}",
+            )
         )
-        files.append(write_animation(truth, pred, ds.field_names, out / "rollout"))
+        files.append(
+            write_animation(truth, pred, ds.field_names, out / "rollout", title=one + members)
+        )
     return files
+
+
+def _trajectories_label(sel: list[int]) -> str:
+    """``"trajectory 3"``, ``"trajectories [0, 2]"`` or, for many, ``"12 trajectories [0, 1, ..., 11]"``."""
+    if len(sel) == 1:
+        return f"trajectory {sel[0]}"
+    if len(sel) <= 6:
+        return f"trajectories {sel}"
+    return f"{len(sel)} trajectories [{sel[0]}, {sel[1]}, ..., {sel[-1]}]"

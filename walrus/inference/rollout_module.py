@@ -257,9 +257,14 @@ class RolloutModule(pl.LightningModule):
         frames: list[torch.Tensor] = []
         spreads: list[torch.Tensor] = []
         done = 0
+        prev_pred, prev_truth = last, last  # (B, C, *sp) the frames before each step's
         try:
             for step, (pred, spread) in enumerate(self._rollout(batch, steps), start=1):
-                metrics.update(step, pred, batch.output_fields[:, step - 1], last, spread)
+                truth = batch.output_fields[:, step - 1]  # (B, C, *sp)
+                metrics.update(
+                    step, pred, truth, last, spread, prev_pred=prev_pred, prev_truth=prev_truth
+                )
+                prev_pred, prev_truth = pred, truth
                 if self.keep_predictions:
                     frames.append(pred.float().cpu())  # (B, C, *sp)
                     if spread is not None:
