@@ -112,6 +112,21 @@ def _record(acc: RolloutMetrics, pred, truth, last) -> None:
         acc.update(s + 1, pred[:, s], truth[:, s], last, prev_pred=prev[0], prev_truth=prev[1])
 
 
+def test_previous_frames_default_to_the_last_update() -> None:
+    g = torch.Generator().manual_seed(1)
+    truth = torch.randn(2, 3, 2, 8, 8, generator=g, dtype=torch.float64)  # (B, S, C, H, W)
+    pred = truth + 0.3 * torch.randn(truth.shape, generator=g, dtype=torch.float64)
+    last = torch.randn(2, 2, 8, 8, generator=g, dtype=torch.float64)
+    explicit, implicit = RolloutMetrics(["u", "v"], 3), RolloutMetrics(["u", "v"], 3)
+    _record(explicit, pred, truth, last)
+    for s in range(3):
+        implicit.update(s + 1, pred[:, s], truth[:, s], last)
+    assert torch.equal(explicit.sum, implicit.sum)
+    fresh = RolloutMetrics(["u", "v"], 3)
+    with pytest.raises(ValueError, match="step 2: pass prev_pred"):
+        fresh.update(2, pred[:, 1], truth[:, 1], last)
+
+
 def test_accumulator_matches_the_functions_and_persistence_is_null() -> None:
     g = torch.Generator().manual_seed(0)
     truth = torch.randn(3, 4, 2, 8, 8, generator=g, dtype=torch.float64)  # (B, S, C, H, W)

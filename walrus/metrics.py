@@ -405,6 +405,8 @@ class RolloutMetrics:
         self.defined = torch.zeros(shape, dtype=torch.float64, device=device)  # samples per value
         # samples recorded per step: model and persistence, spread
         self.count = torch.zeros(2, steps, dtype=torch.float64, device=device)
+        # (step, pred, truth) of the last update: the default previous frames of the next step
+        self._previous: tuple[int, Tensor | None, Tensor | None] = (0, None, None)
         # per field, summed over samples and steps: the truth's range over space plus its
         # largest change from the last input frame (0 for a field constant in space and time)
         self.variation = torch.zeros(c, dtype=torch.float64, device=device)
@@ -458,9 +460,9 @@ class RolloutMetrics:
             last_input: ``(B, C, *spatial)`` last input frame (the persistence prediction).
             spread: ``(B, C, *spatial)`` an ensemble's standard deviation, or ``None``.
             prev_pred: the model's prediction of the step before (for the change correlation);
-                needed from step 2 on, ``last_input`` at step 1.
-            prev_truth: the truth of the step before; needed from step 2 on, ``last_input`` at
-                step 1.
+                ``last_input`` at step 1. From step 2 on it defaults to the ``pred`` of the
+                previous call when that call recorded step - 1 of the same batch shape.
+            prev_truth: the truth of the step before, with the same default as ``prev_pred``.
         """
         if not 1 <= step <= self.steps:
             raise ValueError(f"step {step} outside 1..{self.steps}")
@@ -473,9 +475,15 @@ class RolloutMetrics:
                 f"last_input shape {tuple(last_input.shape)} != truth shape {tuple(truth.shape)}"
             )
         if step > 1 and (prev_pred is None or prev_truth is None):
-            raise ValueError(
-                f"step {step}: pass prev_pred and prev_truth (the frames of step {step - 1})"
-            )
+            last_step, last_pred, last_truth = self._previous
+            if last_step != step - 1 or last_truth.shape != truth.shape:
+                raise ValueError(
+                    f"step {step}: pass prev_pred and prev_truth (the frames of step {step - 1}); "
+                    "the previous update did not record that step"
+                )
+            prev_pred = last_pred if prev_pred is None else prev_pred
+            prev_truth = last_truth if prev_truth is None else prev_truth
+        self._previous = (step, pred, truth)
         prev_pred = last_input if prev_pred is None else prev_pred
         prev_truth = last_input if prev_truth is None else prev_truth
         grid = tuple(truth.shape[2:])
