@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 
 class NonFiniteLossError(RuntimeError):
@@ -53,3 +54,21 @@ class DiskFullError(OSError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+# what blows up when an input asks for too much: memory, recursion depth, number range
+RESOURCE_ERRORS = (MemoryError, RecursionError, OverflowError)
+
+
+@contextlib.contextmanager
+def reading(what: str) -> Iterator[None]:
+    """Name the input being processed (``"checkpoint PATH"``, ``"option data.x"``) on any
+    :data:`RESOURCE_ERRORS` raised inside, as its ``walrus_input`` attribute; the innermost
+    name wins. ``walrus.cli.run_cli`` reports it."""
+    try:
+        yield
+    except RESOURCE_ERRORS as e:
+        if getattr(e, "walrus_input", None) is None:
+            with contextlib.suppress(AttributeError):
+                e.walrus_input = what  # type: ignore[attr-defined]
+        raise

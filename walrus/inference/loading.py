@@ -25,6 +25,7 @@ from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS, WellFile, list_split_files
 from walrus.model.compile import compile_mode, compile_model
+from walrus.run_files import write_run_files
 
 # data config keys inference reads; the rest of a training data config is ignored
 DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride")
@@ -350,6 +351,7 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
     data = resolve_data_config(_plain(cfg.get("data")), ckpt, data_dir=data_dir)
     datasets = open_datasets(data, str(cfg.split), ckpt, n_steps_output=n_steps_output)
     claim_out(out, cfg.get("overwrite", False))
+    write_run_files(cfg, out, "infer.log")  # checks passed: .hydra/ and the log into out
     return Prepared(
         ckpt=ckpt,
         data=data,
