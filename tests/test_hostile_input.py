@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import copy
 import os
+import resource
+import signal
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -24,6 +27,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from omegaconf import OmegaConf
 
 from tests.conftest import CONFIG_DIR, REPO, tiny_train_overrides
 from walrus.checkpoint import (
@@ -37,8 +41,9 @@ from walrus.checkpoint import (
 from walrus.cli import run_cli
 from walrus.compat.__main__ import main as convert_main
 from walrus.data.vocab import FieldVocabulary
+from walrus.data.writer import write_well_file
 from walrus.errors import reading
-from walrus.inference.loading import load_inference_checkpoint
+from walrus.inference.loading import load_inference_checkpoint, positive_int
 from walrus.model.config import WalrusConfig
 from walrus.run_files import close_run_log, write_run_files
 from walrus.training.train import train
@@ -157,7 +162,7 @@ MEMORY_CAP_SCRIPT = """
 import resource, sys
 cap = 4 << 30
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-from walrus.inference.loading import load_inference_checkpoint
+from walrus.inference.loading import load_inference_checkpoint, positive_int
 for path in sys.argv[1:]:
     try:
         load_inference_checkpoint(path)
@@ -341,6 +346,13 @@ def test_options_that_overflow_are_refused(tiny_data_root, tmp_path, override, m
         train(cfg)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_infer_integer_options_are_bounded():
+    cfg = OmegaConf.create({"batch_size": 10**30, "steps": 2**31 - 1})
+    with pytest.raises(ValueError, match="option batch_size must be at most 2147483647"):
+        positive_int(cfg, "batch_size")
+    assert positive_int(cfg, "steps") == 2**31 - 1
 
 
 # ---------------------------------------------------------------- the top-level guard
@@ -558,3 +570,63 @@ def test_fuzzed_checkpoints_load_or_fail_in_one_line(changes):
             assert model.config.depth == len(
                 {k.split(".")[1] for k in model.state_dict() if k.startswith("blocks.")}
             )
+
+
+# ------------------------------------------------------------------------- a full disk
+
+
+def _write_predictions_like(path: Path, n_time: int) -> None:
+    rng = np.random.default_rng(0)  # noise: HDF5 cannot shrink it
+    write_well_file(
+        path,
+        "toy",
+        coords={"x": np.arange(32, dtype=np.float32), "y": np.arange(32, dtype=np.float32)},
+        time=np.arange(n_time, dtype=np.float32),
+        n_trajectories=1,
+        fields={"u": rng.standard_normal((1, n_time, 32, 32)).astype(np.float32)},
+    )
+
+
+def test_predictions_on_a_full_disk_keep_the_old_file(tmp_path, capsys, monkeypatch):
+    """h5py writing past the file size limit (as on a full disk): one line naming the file,
+    the previous file intact, no temporary file left."""
+    monkeypatch.delenv("WALRUS_TRACEBACK", raising=False)
+    path = tmp_path / "predictions.hdf5"
+    _write_predictions_like(path, 2)
+    old = path.read_bytes()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        err = _cli_error(capsys, lambda: _write_predictions_like(path, 40))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert err == (
+        f"error: file size limit reached (filesystem or ulimit -f): could not write {path} "
+        "(any previous file is kept)\n"
+    )
+    assert path.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.hdf5"]
+
+
+def test_fault_injection_predictions_on_a_full_disk(trained, tiny_data_root, tmp_path):
+    """``python -m benchmarks.fault_injection``'s predictions.hdf5 case, on the tiny run."""
+    from benchmarks.fault_injection import case_predictions_disk_full
+
+    row = case_predictions_disk_full(
+        tiny_data_root, tmp_path, trained, "data.datasets=[navier_stokes_2d]"
+    )
+    assert row["ok"], row
+
+
+@pytest.mark.slow
+def test_fault_injection_sigterm_on_two_ranks(tmp_path):
+    """The benchmark's 2-rank case: SIGTERM to both DDP ranks, exit 143, the resume finishes."""
+    from benchmarks.fault_injection import case_sigterm_two_ranks
+    from walrus.data.synthetic import generate
+
+    data = tmp_path / "data"
+    generate("navier_stokes_2d", data, n_traj=[2, 1, 1], resolution=32, steps=12, progress=False)
+    row = case_sigterm_two_ranks(data, tmp_path, 3)
+    assert row["ok"], row

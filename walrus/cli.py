@@ -99,9 +99,12 @@ def run_cli(fn: Callable[[], Any]) -> Any:
             msg = f"{e.strerror}: {_short_path(e.filename)}"
         _fail(str(msg))
     except OSError as e:  # e.g. ENAMETOOLONG from an over-long out= or hydra.run.dir
-        if os.environ.get("WALRUS_TRACEBACK") or not e.filename:
+        if os.environ.get("WALRUS_TRACEBACK"):
             raise
-        _fail(f"{e.strerror or type(e).__name__}: {_short_path(e.filename)}")
+        if e.filename:
+            _fail(f"{e.strerror or type(e).__name__}: {_short_path(e.filename)}")
+        lines = str(e).strip().splitlines() or [type(e).__name__]  # e.g. h5py's I/O errors
+        _fail(f"{lines[0][:300]} (set WALRUS_TRACEBACK=1 for details)")
     except RESOURCE_ERRORS as e:
         if os.environ.get("WALRUS_TRACEBACK"):
             raise

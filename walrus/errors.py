@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Iterator, Sequence
 
 
@@ -44,12 +45,16 @@ class TrainingInterrupted(RuntimeError):
 
 
 class DiskFullError(OSError):
-    """A write failed because the disk (or quota) is full; the message names the file."""
+    """A write failed because the disk (or quota) is full, or the file grew past the largest
+    file allowed (``EFBIG``: the filesystem's or ``ulimit -f``); the message names the file."""
 
     def __init__(self, path: str, errno_: int) -> None:
-        super().__init__(
-            f"no space left on device: could not write {path} (any previous file is kept)"
+        what = (
+            "file size limit reached (filesystem or ulimit -f)"
+            if errno_ == errno.EFBIG
+            else "no space left on device"
         )
+        super().__init__(f"{what}: could not write {path} (any previous file is kept)")
         self.errno, self.filename = errno_, path
 
     def __str__(self) -> str:

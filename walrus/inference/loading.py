@@ -25,6 +25,7 @@ from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS, WellFile, list_split_files
 from walrus.model.compile import compile_mode, compile_model
+from walrus.model.config import MAX_SIZE
 from walrus.run_files import write_run_files
 
 # data config keys inference reads; the rest of a training data config is ignored
@@ -200,6 +201,8 @@ def positive_int(cfg: DictConfig, key: str, *, allow_null: bool = False, minimum
         return value
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"option {key} must be an integer >= {minimum}, got {value!r}")
+    if value > MAX_SIZE:  # past what tensors can index
+        raise ValueError(f"option {key} must be at most {MAX_SIZE}, got {str(value)[:20]}...")
     return value
 
 
