@@ -43,25 +43,23 @@ MAX_DEPTH = 64
 def _tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """``(location, tensor)`` for every tensor in nested dicts/lists, skipping ``"walrus"``.
 
-    Walks iteratively, in storage order. Raises ``ValueError`` for nesting deeper than
-    :data:`MAX_DEPTH` (a crafted file must not exhaust the interpreter's stack).
+    Walks iteratively, in storage order (a crafted file must not exhaust the interpreter's
+    stack; :func:`load_checkpoint_file` also bounds the nesting).
     """
-    stack: list[tuple[str, Any, int]] = [("", obj, 0)]
+    stack: list[tuple[str, Any]] = [("", obj)]
     while stack:
-        prefix, value, depth = stack.pop()
+        prefix, value = stack.pop()
         if isinstance(value, torch.Tensor):
             yield prefix, value
             continue
         if isinstance(value, dict):
-            items = [(k, v) for k, v in value.items() if not (depth == 0 and k == "walrus")]
+            items = [(k, v) for k, v in value.items() if not (prefix == "" and k == "walrus")]
         elif isinstance(value, list | tuple):
             items = list(enumerate(value))
         else:
             continue
-        if items and depth >= MAX_DEPTH:
-            raise ValueError(f"{prefix} is nested more than {MAX_DEPTH} levels deep")
         for key, item in reversed(items):
-            stack.append((f"{prefix}/{key}" if prefix else str(key), item, depth + 1))
+            stack.append((f"{prefix}/{key}" if prefix else str(key), item))
 
 
 def _digest(tensor: torch.Tensor) -> str:

@@ -215,6 +215,8 @@ def _check_optimizer(states: Any, path: str, shapes: list[list[tuple[int, ...]]]
         raise ValueError(
             f"checkpoint {path}: optimizer_states/0 lacks its param_groups / state mappings"
         )
+    if not all(isinstance(i, int) for g in groups for i in g["params"]):
+        return  # keyed by parameter name (a sharded strategy's full state): Lightning maps it
     if [len(g["params"]) for g in groups] != [len(s) for s in shapes]:
         raise ValueError(
             f"checkpoint {path}: its optimizer state covers {[len(g['params']) for g in groups]} "
