@@ -433,8 +433,8 @@ def _check_config_fits(
     if missing or extra:
         raise ValueError(
             f"checkpoint {source}: its weights do not fit its model_config: "
-            f"{len(missing)} missing ({', '.join(missing[:3])}), "
-            f"{len(extra)} unexpected ({', '.join(extra[:3])})"
+            f"missing keys ({len(missing)}): {', '.join(missing[:3]) or '-'}; "
+            f"unexpected keys ({len(extra)}): {', '.join(extra[:3]) or '-'}"
         )
     for key, shape in implied.items():
         stored = tuple(state[key].shape)
