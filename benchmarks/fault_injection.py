@@ -56,6 +56,17 @@ sys.argv = ["train.py", *sys.argv[2:]]
 runpy.run_path("train.py", run_name="__main__")
 """
 
+# infer.py under a file size limit (RLIMIT_FSIZE, ``ulimit -f``): h5py's write of
+# predictions.hdf5 fails part-way as on a full disk (argv: limit in bytes, then infer.py's args)
+FILE_SIZE_LIMIT = """
+import resource, runpy, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, no kill
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY))
+sys.argv = ["infer.py", *sys.argv[2:]]
+runpy.run_path("infer.py", run_name="__main__")
+"""
+PREDICTIONS_LIMIT = 48 * 1024  # above metrics.json and infer.log, below predictions.hdf5
+
 
 def _overrides(data: Path, out: Path, *extra: str) -> list[str]:
     return [
@@ -216,6 +227,79 @@ def case_disk_full(data: Path, work: Path, reference: Path, at: int) -> dict:
     )
 
 
+def case_predictions_disk_full(data: Path, work: Path, reference: Path, *extra: str) -> dict:
+    """A rollout whose predictions.hdf5 does not fit: one line, no partial or temporary file,
+    an earlier rollout's predictions untouched (``extra``: more infer.py options; one dataset)."""
+    args = [f"ckpt_path={reference}", f"paths.data_dir={data}", "plots=false", "progress=false"]
+    args += extra
+    earlier = work / "rollout_ok"
+    first = _run(["infer.py", "rollout", *args, f"out={earlier}"])
+    old = earlier / "predictions.hdf5"
+    before = old.read_bytes() if old.is_file() else b""
+    full = work / "rollout_full"
+    r = _run(["-c", FILE_SIZE_LIMIT, str(PREDICTIONS_LIMIT), "rollout", *args, f"out={full}"])
+    message = _error_line(r.stderr)
+    checks = {
+        "an unlimited rollout writes predictions.hdf5": first.returncode == 0 and bool(before),
+        f"predictions.hdf5 is larger than the {PREDICTIONS_LIMIT} B limit": len(before)
+        > PREDICTIONS_LIMIT,
+        "exit status 2": r.returncode == 2,
+        "one error line naming predictions.hdf5": message.startswith("error: ")
+        and str(full / "predictions.hdf5") in message
+        and r.stderr.count("error:") == 1,
+        "no traceback": "Traceback" not in r.stderr,
+        "no partial predictions.hdf5": not (full / "predictions.hdf5").exists(),
+        "no temporary files left": not _tmp_files(full),
+        "the earlier rollout's predictions.hdf5 intact": old.is_file()
+        and old.read_bytes() == before,
+    }
+    return _row("predictions.hdf5 past the disk's room", r.returncode, message, checks)
+
+
+def _ddp_overrides(data: Path, out: Path, *extra: str) -> list[str]:
+    return _overrides(data, out, "trainer=ddp", "trainer.accelerator=cpu", *extra)
+
+
+def _ddp_step_files(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "checkpoints").glob("*.ckpt")) if out.is_dir() else []
+
+
+def case_sigterm_two_ranks(data: Path, work: Path, at: int) -> dict:
+    """``trainer=ddp`` with 2 gloo CPU processes (each rank sees half the data: 12 steps in all);
+    SIGTERM to rank 0, which Lightning forwards to rank 1 (sending it to both at once makes
+    Lightning's handlers broadcast twice on rank 1); last.ckpt saved, exit 143, the resume
+    finishes all epochs."""
+    out = work / "sigterm_ddp"
+    last = out / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *_ddp_overrides(data, out)],
+        cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen = _wait_for_step(last, proc, at)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    saved, message = _step(last), _error_line(err)
+    resumed = _run(["train.py", *_ddp_overrides(data, out, f"ckpt_path={last}")])
+    final = _load(last) or {}
+    checks = {
+        f"still running at step {at}": seen >= at,
+        "exit status 143": proc.returncode == 143,
+        "one error line naming SIGTERM and the checkpoint": "SIGTERM" in message
+        and f"ckpt_path={last}" in message,
+        "last.ckpt saved at or after the signal's step": saved is not None and saved >= seen,
+        "no temporary files left": not _tmp_files(last.parent),
+        "2-rank resume exits 0": resumed.returncode == 0,
+        f"resume runs on to the end of epoch {EPOCHS}": final.get("epoch") == EPOCHS - 1
+        and final.get("global_step", 0) > (saved or 0),
+    }
+    return _row(
+        f"SIGTERM to rank 0 of 2 DDP ranks after step {at}, resume",
+        proc.returncode,
+        f"last.ckpt at step {saved}; resumed to step {final.get('global_step')}",
+        checks,
+    )
+
+
 def case_corrupt(data: Path, work: Path) -> dict:
     from tests.test_reliability import flip_byte
 
@@ -249,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = random.Random(args.seed)
     kill_at, term_at, full_at = (rng.randint(2, TOTAL_STEPS - 2) for _ in range(3))
+    ddp_at = rng.randint(2, TOTAL_STEPS // 2 - 2)  # 2 ranks: half the steps
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = work / "data"
@@ -264,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             case_sigterm(data, work, reference, term_at),
             case_disk_full(data, work, reference, full_at),
             case_corrupt(data, work),
+            case_predictions_disk_full(data, work, reference),
+            case_sigterm_two_ranks(data, work, ddp_at),
         ]
     print(f"{'case':40s} {'exit':>4s} {'ok':3s} survived")
     for r in rows:

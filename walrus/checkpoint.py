@@ -10,11 +10,13 @@ is plain tensors, numbers, strings, lists and dicts, so it loads with
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import os
 import pickle
 import re
+import stat
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from torch import nn
 
 from walrus.atomic import atomic_path
 from walrus.data.vocab import FieldVocabulary
+from walrus.errors import reading
 from walrus.model.config import MODEL_TARGET, WalrusConfig
 
 CHECKPOINT_FORMAT = 1
@@ -33,17 +36,30 @@ MODEL_TARGETS = (MODEL_TARGET,)
 MODEL_PREFIX = "model."
 
 
-def _tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """``(location, tensor)`` for every tensor in nested dicts/lists, skipping ``"walrus"``."""
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif isinstance(obj, dict):
-        for key, value in obj.items():
-            if not (prefix == "" and key == "walrus"):
-                yield from _tensors(value, f"{prefix}/{key}" if prefix else str(key))
-    elif isinstance(obj, list | tuple):
-        for i, value in enumerate(obj):
-            yield from _tensors(value, f"{prefix}/{i}")
+# deepest nesting accepted anywhere in a checkpoint (Lightning's own entries are < 10 deep)
+MAX_DEPTH = 64
+
+
+def _tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(location, tensor)`` for every tensor in nested dicts/lists, skipping ``"walrus"``.
+
+    Walks iteratively, in storage order (a crafted file must not exhaust the interpreter's
+    stack; :func:`load_checkpoint_file` also bounds the nesting).
+    """
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        prefix, value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            yield prefix, value
+            continue
+        if isinstance(value, dict):
+            items = [(k, v) for k, v in value.items() if not (prefix == "" and k == "walrus")]
+        elif isinstance(value, list | tuple):
+            items = list(enumerate(value))
+        else:
+            continue
+        for key, item in reversed(items):
+            stack.append((f"{prefix}/{key}" if prefix else str(key), item))
 
 
 def _digest(tensor: torch.Tensor) -> str:
@@ -160,14 +176,23 @@ def load_checkpoint_file(path: str | os.PathLike, map_location: Any = "cpu") -> 
     """Load a checkpoint with ``weights_only=True`` and turn every failure into a clear error.
 
     Raises (each naming the file): FileNotFoundError, PermissionError, or ValueError for a
-    directory, an empty, text or corrupt file, pickled objects besides tensors, or a tensor
-    that fails its checksum.
+    directory, a FIFO or device, an empty, text or corrupt file, pickled objects besides
+    tensors, nesting deeper than :data:`MAX_DEPTH`, or a tensor that fails its checksum.
     """
-    path = Path(path)
+    with reading(f"checkpoint {path}"):
+        return _load_checkpoint_file(Path(path), map_location)
+
+
+def _load_checkpoint_file(path: Path, map_location: Any) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if path.is_dir():
         raise ValueError(f"checkpoint {path} is a directory, expected a .ckpt file")
+    if not stat.S_ISREG(path.stat().st_mode):  # symlinks followed: the Hub's cache uses them
+        raise ValueError(
+            f"checkpoint {path} is not a regular file (a FIFO, socket or device?); expected a "
+            ".ckpt file"
+        )
     kind = sniff_format(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
@@ -197,6 +222,7 @@ def load_checkpoint_file(path: str | os.PathLike, map_location: Any = "cpu") -> 
         ) from None
     if not isinstance(ckpt, dict):
         raise ValueError(f"checkpoint {path} holds a {type(ckpt).__name__}, expected a dict")
+    _check_nesting(ckpt, path)
     verify_checksums(ckpt, path)
     return ckpt
 
@@ -225,11 +251,72 @@ def walrus_meta(ckpt: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]
         raise ValueError(
             f"checkpoint {path} names model class {target!r}; only {MODEL_TARGETS} can be built"
         )
+    _check_meta_values(meta, path)
     return meta
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_meta_values(meta: dict[str, Any], path: str | os.PathLike) -> None:
+    """The kinds of the metadata values loaders read besides the model config."""
+    names = meta["vocab"].get("names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            f"checkpoint {path}: walrus.vocab.names must be a list of field names, got a "
+            f"{type(names).__name__}"
+            + ("" if not isinstance(names, list) else " holding other things than strings")
+        )
+    if not all(names) or len(set(names)) != len(names):
+        raise ValueError(
+            f"checkpoint {path}: walrus.vocab.names holds an empty or repeated field name"
+        )
+    if "predict_delta" in meta and not isinstance(meta["predict_delta"], bool):
+        raise ValueError(
+            f"checkpoint {path}: walrus.predict_delta must be true or false, got a "
+            f"{type(meta['predict_delta']).__name__}"
+        )
+    data = meta.get("data_config")
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        raise ValueError(f"checkpoint {path}: walrus.data_config is a {type(data).__name__}")
+    if data.get("n_steps_input") is not None and not _is_count(data["n_steps_input"]):
+        raise ValueError(
+            f"checkpoint {path}: walrus.data_config.n_steps_input must be an int >= 1, got a "
+            f"{type(data['n_steps_input']).__name__}"
+        )
+    stride = data.get("time_stride")
+    strides = stride if isinstance(stride, list) and stride else [stride]
+    if stride is not None and not all(_is_count(s) for s in strides):
+        raise ValueError(
+            f"checkpoint {path}: walrus.data_config.time_stride must be an int >= 1 or a list "
+            "of them"
+        )
 
 
 # the only places a class name may appear in checkpoint metadata (read as data, allow-listed)
 _TARGET_AT = ("walrus/model_config", "walrus/normalizer", "walrus/data_config")
+
+
+def _check_nesting(ckpt: dict[str, Any], path: str | os.PathLike) -> None:
+    """Refuse a checkpoint nested deeper than :data:`MAX_DEPTH` anywhere (iteratively)."""
+    stack: list[tuple[str, Any, int]] = [("", ckpt, 0)]
+    while stack:
+        where, value, depth = stack.pop()
+        if isinstance(value, dict):
+            items = list(value.items())
+        elif isinstance(value, list | tuple):
+            items = list(enumerate(value))
+        else:
+            continue
+        if items and depth >= MAX_DEPTH:
+            raise ValueError(
+                f"checkpoint {path}: {where} is nested more than {MAX_DEPTH} levels deep; not "
+                "a checkpoint walrus or Lightning writes"
+            )
+        stack.extend((f"{where}/{k}" if where else str(k), v, depth + 1) for k, v in items)
 
 
 def _check_plain_data(value: Any, where: str, path: str | os.PathLike) -> None:
@@ -237,37 +324,126 @@ def _check_plain_data(value: Any, where: str, path: str | os.PathLike) -> None:
 
     Nothing read from a file is instantiated or resolved anyway; refusing such content makes a
     crafted or mis-written file fail loudly instead of being half-used. Values are not echoed.
+    Walks iteratively; nesting is bounded by :func:`load_checkpoint_file`.
     """
-    if isinstance(value, str):
-        if "${" in value:
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if "${" in value:
+                raise ValueError(
+                    f"checkpoint {path}: {where} holds an interpolation (${{...}}); checkpoint "
+                    "metadata is plain data and is never resolved"
+                )
+        elif isinstance(value, dict):
+            if "_target_" in value and where not in _TARGET_AT:
+                raise ValueError(
+                    f"checkpoint {path}: {where} holds an object config (_target_); checkpoint "
+                    "metadata must be plain data"
+                )
+            for key in value:
+                if not isinstance(key, str | int):
+                    raise ValueError(f"checkpoint {path}: {where} has a {type(key).__name__} key")
+            stack.extend((f"{where}/{k}", v) for k, v in reversed(value.items()))
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}/{i}", v) for i, v in reversed(list(enumerate(value))))
+        elif not (value is None or isinstance(value, bool | int | float)):
             raise ValueError(
-                f"checkpoint {path}: {where} holds an interpolation (${{...}}); checkpoint "
-                "metadata is plain data and is never resolved"
+                f"checkpoint {path}: {where} is a {type(value).__name__}; checkpoint metadata "
+                "must be numbers, strings, lists and dicts"
             )
-    elif isinstance(value, dict):
-        if "_target_" in value and where not in _TARGET_AT:
-            raise ValueError(
-                f"checkpoint {path}: {where} holds an object config (_target_); checkpoint "
-                "metadata must be plain data"
-            )
-        for key, item in value.items():
-            if not isinstance(key, str | int):
-                raise ValueError(f"checkpoint {path}: {where} has a {type(key).__name__} key")
-            _check_plain_data(item, f"{where}/{key}", path)
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_plain_data(item, f"{where}/{i}", path)
-    elif not (value is None or isinstance(value, bool | int | float)):
-        raise ValueError(
-            f"checkpoint {path}: {where} is a {type(value).__name__}; checkpoint metadata must "
-            "be numbers, strings, lists and dicts"
-        )
 
 
-def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Model weights from a Lightning checkpoint (``model.`` prefix stripped)."""
+def model_state_dict(
+    ckpt: dict[str, Any], path: str | os.PathLike = "checkpoint"
+) -> dict[str, torch.Tensor]:
+    """Model weights from a Lightning checkpoint (``model.`` prefix stripped).
+
+    Raises:
+        ValueError: naming ``path``, when ``state_dict`` is not a mapping of names to tensors.
+    """
     state = ckpt.get("state_dict", {})
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"checkpoint {path}: its state_dict is a {type(state).__name__}, expected a mapping "
+            "of parameter names to tensors"
+        )
+    bad = next(
+        (k for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)),
+        None,
+    )
+    if bad is not None:
+        raise ValueError(
+            f"checkpoint {path}: state_dict entry {str(bad)[:80]!r} is not a named tensor"
+        )
     return {k[len(MODEL_PREFIX) :]: v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
+
+
+_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.")
+
+
+def _options_in(shape: tuple[int, ...], stored: tuple[int, ...], config: WalrusConfig) -> str:
+    """The size options whose values appear in ``shape`` where it differs from ``stored``."""
+    odd = {n for i, n in enumerate(shape) if i >= len(stored) or stored[i] != n}
+    sizes = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    named = [f"{k}={v}" for k, v in sizes.items() if isinstance(v, int) and v in odd and v > 1]
+    return ", ".join(named) or "its sizes"
+
+
+def check_config_fits(
+    model_config: dict[str, Any], state: dict[str, torch.Tensor], source: str | os.PathLike
+) -> WalrusConfig:
+    """Check a stored model config against the stored weights before anything is allocated.
+
+    The depth is compared with the block indices in ``state`` first (so building is bounded by
+    the file), then every parameter's shape with the shapes the config implies, computed on
+    PyTorch's ``meta`` device (no memory). Only then may the caller build the model for real.
+
+    Returns:
+        the validated config.
+
+    Raises:
+        ValueError: one line naming ``source`` and the option that disagrees with the weights.
+    """
+    with reading(f"checkpoint {source}"):
+        return _check_config_fits(model_config, state, source)
+
+
+def _check_config_fits(
+    model_config: dict[str, Any], state: dict[str, torch.Tensor], source: str | os.PathLike
+) -> WalrusConfig:
+    from walrus.model.walrus import Walrus
+
+    try:
+        config = WalrusConfig.from_dict(model_config)
+    except ValueError as e:
+        raise ValueError(
+            f"checkpoint {source}: cannot build the model from its config: {e}"
+        ) from None
+    blocks = {int(m.group(1)) for k in state if (m := _BLOCK_KEY.match(k))}
+    if len(blocks) != config.depth:
+        raise ValueError(
+            f"checkpoint {source}: model_config depth={config.depth} but the weights hold "
+            f"{len(blocks)} blocks"
+        )
+    with torch.device("meta"):
+        implied = {k: tuple(v.shape) for k, v in Walrus(config).state_dict().items()}
+    missing = [k for k in implied if k not in state]
+    extra = [k for k in state if k not in implied]
+    if missing or extra:
+        raise ValueError(
+            f"checkpoint {source}: its weights do not fit its model_config: "
+            f"missing keys ({len(missing)}): {', '.join(missing[:3]) or '-'}; "
+            f"unexpected keys ({len(extra)}): {', '.join(extra[:3]) or '-'}"
+        )
+    for key, shape in implied.items():
+        stored = tuple(state[key].shape)
+        if stored != shape:
+            raise ValueError(
+                f"checkpoint {source}: model_config {_options_in(shape, stored, config)} does "
+                f"not fit the weights: {key} is {stored} in the file, the config implies {shape}"
+            )
+    return config
 
 
 def build_model(model_config: dict[str, Any], **overrides: Any) -> nn.Module:
@@ -326,14 +502,32 @@ def load_model(
 def load_model_and_meta(
     path: str | os.PathLike, map_location: Any = "cpu"
 ) -> tuple[nn.Module, FieldVocabulary, dict[str, Any]]:
-    """``load_model`` plus the checkpoint's validated ``"walrus"`` entry."""
+    """``load_model`` plus the checkpoint's validated ``"walrus"`` entry.
+
+    The model config is checked against the stored weights (:func:`check_config_fits`) before
+    the model is built, so a crafted size cannot make loading allocate more than the file holds.
+    """
+    with reading(f"checkpoint {path}"):
+        return _load_model_and_meta(path, map_location)
+
+
+def _load_model_and_meta(
+    path: str | os.PathLike, map_location: Any
+) -> tuple[nn.Module, FieldVocabulary, dict[str, Any]]:
     ckpt = load_checkpoint_file(path, map_location)
     meta = walrus_meta(ckpt, path)
+    state = model_state_dict(ckpt, path)
+    config = check_config_fits(meta["model_config"], state, path)
+    if len(meta["vocab"]["names"]) > config.n_fields:
+        raise ValueError(
+            f"checkpoint {path}: its vocabulary names {len(meta['vocab']['names'])} fields but "
+            f"model_config n_fields={config.n_fields}"
+        )
     try:
         model = build_model(meta["model_config"])
     except ValueError as e:
         raise ValueError(f"checkpoint {path}: {e}") from None
-    load_weights_strict(model, model_state_dict(ckpt), str(path))
+    load_weights_strict(model, state, str(path))
     return model, FieldVocabulary.from_dict(meta["vocab"]), meta
 
 

@@ -12,7 +12,13 @@ from typing import Any
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from walrus.errors import DiskFullError, NonFiniteLossError, TrainingInterrupted
+from walrus.errors import (
+    RESOURCE_ERRORS,
+    DiskFullError,
+    NonFiniteLossError,
+    TrainingInterrupted,
+)
+from walrus.run_files import log_line
 
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError)
 # Hydra's errors for a bad command line (misspelled key, unknown config, bad override syntax)
@@ -47,10 +53,25 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*ModelCheckpoint\(monitor=.*could not find")
 
 
+def _fail(message: str) -> None:
+    """Print ``error: message`` (also into the run's log file, if open) and exit with 2."""
+    log_line(f"error: {message}")
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _short_path(name: object, limit: int = 200) -> str:
+    text = str(name)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
+
+
 def run_cli(fn: Callable[[], Any]) -> Any:
     """Run ``fn``; on a user error print ``error: ...`` and exit with status 2.
 
-    Training stopped by SIGTERM (checkpoint saved) exits with status 143 instead.
+    Training stopped by SIGTERM (checkpoint saved) exits with status 143 instead. A
+    ``MemoryError``, ``RecursionError`` or ``OverflowError`` that no check caught becomes one
+    line naming the input being read (see :func:`walrus.errors.reading`); an ``OSError`` about
+    a file (a path too long, an I/O error) names the file.
 
     Set ``WALRUS_TRACEBACK=1`` to see the full traceback instead.
     """
@@ -59,13 +80,13 @@ def run_cli(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except TrainingInterrupted as e:
+        log_line(f"error: {e}")
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_status)
     except FileExistsError as e:  # e.g. Hydra creating a run directory named like a file
         if os.environ.get("WALRUS_TRACEBACK"):
             raise
-        print(f"error: {e.filename} exists and is not a directory", file=sys.stderr)
-        sys.exit(2)
+        _fail(f"{_short_path(e.filename)} exists and is not a directory")
     except (*USER_ERRORS, *CONFIG_ERRORS, DiskFullError, NonFiniteLossError) as e:
         if os.environ.get("WALRUS_TRACEBACK"):
             raise
@@ -75,9 +96,20 @@ def run_cli(fn: Callable[[], Any]) -> Any:
             msg = " ".join(ln for ln in lines if ln and not ln.startswith(_OMEGACONF_DETAIL))
             msg = msg.split(" Config search path:")[0]
         elif isinstance(e, OSError) and e.filename and str(e).startswith("[Errno"):
-            msg = f"{e.strerror}: {e.filename}"
-        print(f"error: {msg}", file=sys.stderr)
-        sys.exit(2)
+            msg = f"{e.strerror}: {_short_path(e.filename)}"
+        _fail(str(msg))
+    except OSError as e:  # e.g. ENAMETOOLONG from an over-long out= or hydra.run.dir
+        if os.environ.get("WALRUS_TRACEBACK"):
+            raise
+        if e.filename:
+            _fail(f"{e.strerror or type(e).__name__}: {_short_path(e.filename)}")
+        lines = str(e).strip().splitlines() or [type(e).__name__]  # e.g. h5py's I/O errors
+        _fail(f"{lines[0][:300]} (set WALRUS_TRACEBACK=1 for details)")
+    except RESOURCE_ERRORS as e:
+        if os.environ.get("WALRUS_TRACEBACK"):
+            raise
+        what = getattr(e, "walrus_input", None) or "this run (its options or input files)"
+        _fail(f"{what} asks for more than this machine can give ({type(e).__name__})")
 
 
 def run_hydra_main(main: Callable[[], Any]) -> Any:

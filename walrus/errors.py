@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import errno
+from collections.abc import Iterator, Sequence
 
 
 class NonFiniteLossError(RuntimeError):
@@ -43,13 +45,35 @@ class TrainingInterrupted(RuntimeError):
 
 
 class DiskFullError(OSError):
-    """A write failed because the disk (or quota) is full; the message names the file."""
+    """A write failed because the disk (or quota) is full, or the file grew past the largest
+    file allowed (``EFBIG``: the filesystem's or ``ulimit -f``); the message names the file."""
 
     def __init__(self, path: str, errno_: int) -> None:
-        super().__init__(
-            f"no space left on device: could not write {path} (any previous file is kept)"
+        what = (
+            "file size limit reached (filesystem or ulimit -f)"
+            if errno_ == errno.EFBIG
+            else "no space left on device"
         )
+        super().__init__(f"{what}: could not write {path} (any previous file is kept)")
         self.errno, self.filename = errno_, path
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+# what blows up when an input asks for too much: memory, recursion depth, number range
+RESOURCE_ERRORS = (MemoryError, RecursionError, OverflowError)
+
+
+@contextlib.contextmanager
+def reading(what: str) -> Iterator[None]:
+    """Name the input being processed (``"checkpoint PATH"``, ``"option data.x"``) on any
+    :data:`RESOURCE_ERRORS` raised inside, as its ``walrus_input`` attribute; the innermost
+    name wins. ``walrus.cli.run_cli`` reports it."""
+    try:
+        yield
+    except RESOURCE_ERRORS as e:
+        if getattr(e, "walrus_input", None) is None:
+            with contextlib.suppress(AttributeError):
+                e.walrus_input = what  # type: ignore[attr-defined]
+        raise

@@ -75,7 +75,8 @@ def check_option_types(node: Any, where: str) -> None:
         where: the node's dotted name in the config, for the message (``"data"``).
 
     Raises:
-        ValueError: ``option <where>.<key> must be <kind>, got <value>``.
+        ValueError: ``option <where>.<key> must be <kind>, got <value>``, or a number out of
+            range (NaN, infinite, past float32's range or past 64-bit integers).
     """
     if isinstance(node, ListConfig):
         for i, child in enumerate(node):
@@ -102,3 +103,27 @@ def check_option_types(node: Any, where: str) -> None:
             kinds = [_SCALARS[t] for t in allowed if t in _SCALARS]
             kinds += ["null"] if type(None) in allowed else []
             raise ValueError(f"option {where}.{key} must be {' or '.join(kinds)}, got {value!r}")
+        _check_range(value, f"{where}.{key}")
+
+
+# Numbers past these overflow where they are used: float options end up in float32 tensors
+# (learning rates, scales), int options in int64 ones (step counts, sizes).
+FLOAT_LIMIT = 3.4028234663852886e38
+INT_LIMIT = 2**63 - 1
+
+
+def _check_range(value: Any, name: str) -> None:
+    """Refuse a number that overflows where it is used: NaN, +-inf, floats past float32's
+    range, ints past int64's."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if isinstance(value, int) and abs(value) > INT_LIMIT:
+        digits = len(str(abs(value)))
+        raise ValueError(
+            f"option {name} is out of range: a {digits}-digit integer, past 64-bit integers"
+        )
+    if isinstance(value, float) and not abs(value) <= FLOAT_LIMIT:  # also NaN
+        raise ValueError(
+            f"option {name}={value!r} is out of range: numbers beyond +-3.4e38 overflow in "
+            "float32 arithmetic"
+        )

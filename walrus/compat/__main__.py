@@ -1,4 +1,5 @@
-"""``python -m walrus.compat convert OFFICIAL.pt OUT.ckpt [--fields F] [--config C] [--trust-pickle]``."""
+"""``python -m walrus.compat convert OFFICIAL.pt OUT.ckpt [--fields F] [--config C] [--trust-pickle]
+[--overwrite]``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 
 from walrus.compat.convert import convert_file
 from walrus.compat.released import config_beside
-from walrus.errors import DiskFullError
+from walrus.errors import RESOURCE_ERRORS, DiskFullError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="allow pickled Python objects in the file (runs code from it; only for trusted files)",
     )
+    conv.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output file (never the input itself)",
+    )
     args = parser.parse_args(argv)
     config = args.config or config_beside(args.official)
     if config is not None and args.config is None:
@@ -52,9 +58,21 @@ def main(argv: list[str] | None = None) -> int:
             fields=args.fields,
             config=config,
             trust_pickle=args.trust_pickle,
+            overwrite=args.overwrite,
         )
     except (ValueError, FileNotFoundError, PermissionError, DiskFullError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. a path too long
+        if not e.filename:
+            raise
+        print(f"error: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 2
+    except RESOURCE_ERRORS as e:
+        print(
+            f"error: {args.official} asks for more than this machine can give ({type(e).__name__})",
+            file=sys.stderr,
+        )
         return 2
     print(report)
     print(f"wrote {args.out}")

@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -311,6 +312,30 @@ def load_official(
     return model.eval(), conv.vocab
 
 
+def check_output(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse an output that is a directory, the input file itself, or exists (unless
+    ``overwrite``), before anything is read.
+
+    Raises:
+        ValueError: naming ``out`` and what is wrong with it.
+    """
+    out = Path(out)
+    if out.is_dir():
+        raise ValueError(
+            f"output {out} is a directory; give the walrus checkpoint's file name, e.g. "
+            f"{out / 'walrus.ckpt'}"
+        )
+    if not out.exists():
+        return
+    if Path(src).exists() and os.path.samefile(src, out):  # also through a symlink or hard link
+        raise ValueError(
+            f"output {out} is the input file {src}; converting writes a new file: give another "
+            "output name"
+        )
+    if not overwrite:
+        raise ValueError(f"output {out} exists; pass --overwrite to replace it")
+
+
 def convert_file(
     src: str | os.PathLike,
     out: str | os.PathLike,
@@ -318,12 +343,17 @@ def convert_file(
     fields: Sequence[str] | Mapping[str, int] | str | os.PathLike | None = None,
     config: Mapping[str, Any] | str | os.PathLike | None = None,
     trust_pickle: bool = False,
+    overwrite: bool = False,
 ) -> ConversionReport:
     """Convert an official checkpoint file into a walrus checkpoint at ``out`` (atomic write).
 
+    ``out`` may not be a directory, nor the input itself (also through a link); an existing
+    ``out`` is replaced only with ``overwrite=True``.
+
     Raises:
-        FileNotFoundError, ValueError: bad input; nothing is written then.
+        FileNotFoundError, ValueError: bad input or output; nothing is written then.
     """
+    check_output(src, out, overwrite)
     obj = read_official_file(src, trust_pickle=trust_pickle)
     state = unwrap_state_dict(obj, str(src))
     del obj

@@ -16,6 +16,7 @@ drops the time axis, one shared across trajectories drops the trajectory axis.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -135,7 +136,9 @@ def write_well_file(
     if unknown:
         raise ValueError(f"{path}: boundary conditions for unknown axes {sorted(unknown)}")
 
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    # built in memory, then written in one go: a full disk is then a plain OSError (ENOSPC) on
+    # that write, never an HDF5 file whose failed close crashes the interpreter at exit
+    with h5py.File(buffer := io.BytesIO(), "w") as f:
         f.attrs["dataset_name"] = dataset_name
         f.attrs["n_spatial_dims"] = n_spatial
         f.attrs["n_trajectories"] = int(n_trajectories)
@@ -201,4 +204,6 @@ def write_well_file(
                     sym = bool((symmetric or {}).get(name, False))
                     ds.attrs["symmetric"] = sym
                     ds.attrs["antisymmetric"] = False
+    with atomic_path(path) as tmp, open(tmp, "wb") as out:
+        out.write(buffer.getbuffer())
     return path

@@ -27,6 +27,8 @@ from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS, WellFile, list_split_files
 from walrus.hub import open_checkpoint
 from walrus.model.compile import compile_mode, compile_model
+from walrus.model.config import MAX_SIZE
+from walrus.run_files import write_run_files
 
 # data config keys inference reads; the rest of a training data config is ignored
 DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride", "max_sample_bytes")
@@ -248,6 +250,8 @@ def positive_int(cfg: DictConfig, key: str, *, allow_null: bool = False, minimum
         return value
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"option {key} must be an integer >= {minimum}, got {value!r}")
+    if value > MAX_SIZE:  # past what tensors can index
+        raise ValueError(f"option {key} must be at most {MAX_SIZE}, got {str(value)[:20]}...")
     return value
 
 
@@ -399,6 +403,7 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
     data = resolve_data_config(_plain(cfg.get("data")), ckpt, data_dir=data_dir)
     datasets = open_datasets(data, str(cfg.split), ckpt, n_steps_output=n_steps_output)
     claim_out(out, cfg.get("overwrite", False))
+    write_run_files(cfg, out, "infer.log")  # checks passed: .hydra/ and the log into out
     return Prepared(
         ckpt=ckpt,
         data=data,

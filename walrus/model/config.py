@@ -9,6 +9,7 @@ back field by field. Nothing in it is instantiated or resolved: a nested ``_targ
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -39,6 +40,9 @@ _STRS = {"temporal_kernel", "spatial_kernel", "compat"}
 _INT_LISTS = {"kernel_sizes": 2, "target_latent": 3, "include_d": None, "flag_fields": 3}
 _PAIR_LISTS = {"stride_options", "strides"}
 _OPTIONAL = {"intermediate_dim", "strides", "compat"}
+# largest size accepted for any int option or derived width (PyTorch indexes with int64, and
+# no real model comes near it); floats must be finite
+MAX_SIZE = 2**31 - 1
 
 
 def _short(value: Any) -> str:
@@ -57,19 +61,31 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
+def _bounded(key: str, value: int) -> int:
+    if abs(value) > MAX_SIZE:
+        raise ValueError(
+            f"model config entry {key!r} is {_short(value)}, past the largest size {MAX_SIZE}"
+        )
+    return int(value)
+
+
 def _int_list(key: str, value: Any, length: int | None) -> tuple[int, ...]:
     kind = f"a list of {length} ints" if length else "a list of ints"
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise _bad(key, kind, value)
-    if not all(_is_int(v) for v in value) or (length is not None and len(value) != length):
+    if len(value) > 16 or length is not None and len(value) != length:
         raise _bad(key, kind, value)
-    return tuple(int(v) for v in value)
+    if not all(_is_int(v) for v in value):
+        raise _bad(key, kind, value)
+    return tuple(_bounded(key, v) for v in value)
 
 
 def _pairs(key: str, value: Any) -> tuple[tuple[int, int], ...]:
     kind = "a list of (s1, s2) pairs of positive ints"
     if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not value:
         raise _bad(key, kind, value)
+    if len(value) > 64:
+        raise _bad(key, "at most 64 pairs", value)
     if key == "strides" and all(_is_int(v) for v in value):
         value = [value]  # one pair for every axis
     for p in value:
@@ -77,7 +93,7 @@ def _pairs(key: str, value: Any) -> tuple[tuple[int, int], ...]:
             raise _bad(key, kind, value)
         if not all(_is_int(v) and v >= 1 for v in p):
             raise _bad(key, kind, value)
-    return tuple((int(p[0]), int(p[1])) for p in value)
+    return tuple((_bounded(key, p[0]), _bounded(key, p[1])) for p in value)
 
 
 def _normalise(key: str, value: Any) -> Any:
@@ -87,11 +103,17 @@ def _normalise(key: str, value: Any) -> Any:
     if key in _INTS:
         if not _is_int(value):
             raise _bad(key, "an int", value)
-        return int(value)
+        return _bounded(key, value)
     if key in _FLOATS:
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
             raise _bad(key, "a number", value)
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int past 1e308
+            number = math.inf
+        if not math.isfinite(number):
+            raise _bad(key, "a finite number", value)
+        return number
     if key in _BOOLS:
         if not isinstance(value, bool):
             raise _bad(key, "true or false", value)
@@ -222,6 +244,11 @@ class WalrusConfig:
                 raise ValueError(
                     f"{name} {getattr(self, name)} is not divisible by groups {self.groups}"
                 )
+        if self.mlp_ratio * self.dim > MAX_SIZE:
+            raise ValueError(
+                f"mlp_ratio * dim = {self.mlp_ratio} * {self.dim} is past the largest size "
+                f"{MAX_SIZE}"
+            )
         if self.mlp_ratio <= 0 or self.mlp_dim % 2:
             raise ValueError(
                 f"mlp_ratio * dim = {self.mlp_ratio} * {self.dim} must be a positive even "

@@ -17,14 +17,18 @@ through :class:`BestCheckpoint`, which does not trust the file paths a checkpoin
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from walrus.training.optim import param_groups
 
 LAST_NAME = "last.ckpt"
 # With several ranks, they agree on the wall clock (a collective) every this many steps only.
@@ -146,3 +150,115 @@ class BestCheckpoint(ModelCheckpoint):
             )
         if self.kth_best_model_path not in self.best_k_models:
             self.kth_best_model_path = ""
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_loops(loops: Any, path: str) -> None:
+    """Lightning's loop states: mappings whose progress counters are counts or flags."""
+    if not isinstance(loops, dict) or not all(isinstance(v, dict) for v in loops.values()):
+        raise ValueError(f"checkpoint {path}: its loops entry is not a mapping of loop states")
+    stack: list[tuple[str, Any]] = [
+        (f"loops/{name}/{key}", value)
+        for name, loop in loops.items()
+        for key, value in loop.items()
+        if str(key).endswith(("progress", "_batches_that_stepped"))
+        or str(key).endswith("state_dict")
+        and not isinstance(value, dict)
+    ]
+    while stack:
+        where, value = stack.pop()
+        if where.endswith("state_dict"):
+            raise ValueError(f"checkpoint {path}: {where} must be a mapping")
+        if isinstance(value, dict):
+            stack.extend((f"{where}/{k}", v) for k, v in value.items())
+        elif not (_count(value) or isinstance(value, bool) or value is None):
+            raise ValueError(
+                f"checkpoint {path}: {where} must be a step count, got a {type(value).__name__}"
+            )
+
+
+def _check_schedulers(schedulers: Any, path: str) -> None:
+    """Learning-rate scheduler states: counters are ints, learning rates finite numbers."""
+    if not isinstance(schedulers, list) or not all(isinstance(s, dict) for s in schedulers):
+        raise ValueError(f"checkpoint {path}: lr_schedulers must be a list of mappings")
+    for i, state in enumerate(schedulers):
+        for key in ("last_epoch", "_step_count"):
+            if key in state and (isinstance(state[key], bool) or not isinstance(state[key], int)):
+                raise ValueError(
+                    f"checkpoint {path}: lr_schedulers/{i}/{key} must be an int, got a "
+                    f"{type(state[key]).__name__}"
+                )
+        for key in ("base_lrs", "_last_lr"):
+            lrs = state.get(key, [])
+            if not isinstance(lrs, list) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                for v in lrs
+            ):
+                raise ValueError(
+                    f"checkpoint {path}: lr_schedulers/{i}/{key} must be a list of finite numbers"
+                )
+
+
+def _check_optimizer(states: Any, path: str, shapes: list[list[tuple[int, ...]]]) -> None:
+    """One optimizer state whose groups and per-parameter tensors fit ``shapes`` (per group)."""
+    if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
+        raise ValueError(f"checkpoint {path}: optimizer_states must be a list of one mapping")
+    groups, per_param = states[0].get("param_groups"), states[0].get("state")
+    if (
+        not isinstance(groups, list)
+        or not isinstance(per_param, dict)
+        or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+    ):
+        raise ValueError(
+            f"checkpoint {path}: optimizer_states/0 lacks its param_groups / state mappings"
+        )
+    if not all(isinstance(i, int) for g in groups for i in g["params"]):
+        return  # keyed by parameter name (a sharded strategy's full state): Lightning maps it
+    if [len(g["params"]) for g in groups] != [len(s) for s in shapes]:
+        raise ValueError(
+            f"checkpoint {path}: its optimizer state covers {[len(g['params']) for g in groups]} "
+            f"parameters per group; this model has {[len(s) for s in shapes]}"
+        )
+    for group, group_shapes in zip(groups, shapes, strict=True):
+        for pid, shape in zip(group["params"], group_shapes, strict=True):
+            entry = per_param.get(pid, {})
+            if not isinstance(entry, dict):
+                raise ValueError(f"checkpoint {path}: optimizer state of parameter {pid} is odd")
+            for name, value in entry.items():
+                if not isinstance(value, torch.Tensor):
+                    raise ValueError(
+                        f"checkpoint {path}: optimizer state {pid}/{name} is not a tensor"
+                    )
+                if value.ndim and tuple(value.shape) != shape:
+                    raise ValueError(
+                        f"checkpoint {path}: optimizer state {pid}/{name} has shape "
+                        f"{tuple(value.shape)}, its parameter {shape}"
+                    )
+
+
+def check_resume_state(ckpt: dict[str, Any], path: str, module: pl.LightningModule) -> None:
+    """Check what Lightning reads when resuming from ``ckpt`` before handing the file to it.
+
+    Args:
+        ckpt: the loaded checkpoint.
+        path: its file, for messages.
+        module: the module being resumed (its optimizer parameter groups give the shapes).
+
+    Raises:
+        ValueError: one line naming ``path`` and the entry that is malformed: counters that are
+            not counts, a garbage ``loops`` entry, scheduler or optimizer states that do not fit.
+    """
+    for key in ("epoch", "global_step"):
+        if not _count(ckpt.get(key, 0)):
+            raise ValueError(
+                f"checkpoint {path}: {key} must be a count, got a {type(ckpt[key]).__name__}"
+            )
+    _check_loops(ckpt.get("loops", {}), path)
+    _check_schedulers(ckpt.get("lr_schedulers", []), path)
+    if "optimizer_states" in ckpt:
+        groups = param_groups(module.model, getattr(module, "weight_decay", 0.0))
+        shapes = [[tuple(p.shape) for p in g["params"]] for g in groups]
+        _check_optimizer(ckpt["optimizer_states"], path, shapes)

@@ -19,6 +19,7 @@ from walrus.atomic import remove_stale_temp_files, write_text_atomic
 from walrus.checkpoint import (
     AtomicCheckpointIO,
     build_model,
+    check_config_fits,
     load_checkpoint_file,
     load_weights_strict,
     model_state_dict,
@@ -32,9 +33,10 @@ from walrus.errors import TrainingInterrupted
 from walrus.hub import open_checkpoint
 from walrus.model.config import WalrusConfig
 from walrus.options import check_option_types
+from walrus.run_files import write_run_files
 from walrus.training.budget import TimeBudget
 from walrus.training.callbacks import DataPositionCallback, RNGStateCallback
-from walrus.training.checkpointing import LastCheckpoint
+from walrus.training.checkpointing import LastCheckpoint, check_resume_state
 
 FREEZE_OPTIONS = (None, "processor")
 
@@ -158,7 +160,6 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     for folder in (out_dir, out_dir / "checkpoints"):  # left by a run killed mid-write
         remove_stale_temp_files(folder)
-    write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
     ckpt, meta, source = _source_checkpoint(cfg)
     base_vocab = FieldVocabulary.from_dict(meta["vocab"]) if meta else None
@@ -173,6 +174,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         model_cfg["n_fields"] = max(int(model_cfg.get("n_fields", 0)), len(vocab))
         # one encoder/decoder set per data dimensionality, unless the config fixes them
         model_cfg.setdefault("include_d", datamodule.spatial_dims)
+    if source:  # sizes checked against the stored weights before anything is allocated
+        check_config_fits(model_cfg, model_state_dict(ckpt, source), source)
     try:
         model = build_model(model_cfg)
     except ValueError as e:
@@ -196,8 +199,6 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             f"cannot resume from {source}: its field vocabulary differs from this run's data; "
             "resume with the same data config, or fine-tune with init_from="
         )
-    if source:
-        _record_model(cfg, out_dir, model.config, source)
     _freeze(model, cfg.finetune.get("freeze") if cfg.get("finetune") else None)
 
     extra = {}
@@ -234,6 +235,12 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         plugins=[AtomicCheckpointIO()],
         max_time=None,
     )
+    if cfg.get("ckpt_path"):
+        check_resume_state(ckpt, source, module)
+    write_run_files(cfg, out_dir, "train.log")  # checks passed: now write into the run dir
+    write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    if source:
+        _record_model(cfg, out_dir, model.config, source)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     except SIGTERMException:

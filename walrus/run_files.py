@@ -1,0 +1,120 @@
+"""The run directory's own files, written only once a run's checks have passed.
+
+Hydra is configured to write nothing when a command starts (``hydra.output_subdir: null``, no
+file handler; see ``configs/hydra/default.yaml``), so a refused run leaves an earlier result
+folder as it was. :func:`write_run_files` then writes what Hydra used to: ``.hydra/config.yaml``,
+``.hydra/overrides.yaml``, ``.hydra/hydra.yaml``, and opens the run's log file, which records
+every log record at INFO and above and every complete line the run prints on stdout (tables,
+notes, the progress line), without terminal-only updates (``\\r`` redraws, colours).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from walrus.atomic import write_text_atomic
+
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+
+
+class _Tee:
+    """``stdout`` that also appends each complete printed line to the run's log file."""
+
+    def __init__(self, stream: IO[str], log: IO[str]) -> None:
+        self._stream, self._log, self._pending = stream, log, ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            if "\r" not in line and "\x1b" not in line:  # not a terminal redraw
+                self._log.write(line + "\n")
+        if lines:
+            self._log.flush()
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, flush...
+        return getattr(self._stream, name)
+
+
+class _RunLog:
+    """The open log file of this process's run, its logging handler and the stdout tee."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the whole run)
+        self.handler = logging.StreamHandler(self.file)
+        self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.handler.setLevel(logging.INFO)
+        root = logging.getLogger()
+        root.addHandler(self.handler)
+        root.setLevel(min(root.level or logging.INFO, logging.INFO))
+        self.stdout = sys.stdout
+        sys.stdout = _Tee(sys.stdout, self.file)
+
+    def close(self) -> None:
+        logging.getLogger().removeHandler(self.handler)
+        if isinstance(sys.stdout, _Tee) and sys.stdout._log is self.file:
+            sys.stdout = self.stdout
+        self.file.close()
+
+
+_ACTIVE: _RunLog | None = None
+
+
+def close_run_log() -> None:
+    """Stop recording into the current run's log file (a later run opens its own)."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        _ACTIVE.close()
+        _ACTIVE = None
+
+
+def log_line(message: str) -> None:
+    """Append ``message`` to the current run's log file, if one is open (e.g. a final error)."""
+    if _ACTIVE is not None and not _ACTIVE.file.closed:
+        _ACTIVE.file.write(message.rstrip("\n") + "\n")
+        _ACTIVE.file.flush()
+
+
+def _is_first_process() -> bool:
+    """Whether this is the launching process (not a relaunched DDP rank)."""
+    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("LOCAL_RANK", "NODE_RANK"))
+
+
+def write_run_files(cfg: DictConfig, out_dir: str | os.PathLike, log_name: str) -> None:
+    """Write the run directory's Hydra files and start its log file; call after the checks.
+
+    Does nothing outside a Hydra run (a config composed in-process has no run directory of
+    Hydra's). Every process of a multi-rank run appends to the same log file; only the first
+    writes ``.hydra/``.
+
+    Args:
+        cfg: the run's composed config (as ``@hydra.main`` passed it).
+        out_dir: the run directory.
+        log_name: the log file's name in ``out_dir`` (``train.log``, ``infer.log``).
+    """
+    global _ACTIVE
+    if not HydraConfig.initialized():
+        return
+    out = Path(out_dir)
+    hydra_cfg = HydraConfig.get()
+    if _is_first_process():
+        sub = out / ".hydra"
+        sub.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(sub / "config.yaml", OmegaConf.to_yaml(cfg))
+        overrides = OmegaConf.to_container(hydra_cfg.overrides.task)
+        write_text_atomic(sub / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(overrides)))
+        write_text_atomic(
+            sub / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg}))
+        )
+    close_run_log()
+    out.mkdir(parents=True, exist_ok=True)
+    _ACTIVE = _RunLog(out / log_name)
