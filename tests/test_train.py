@@ -33,7 +33,8 @@ class StopAfterFirstEpoch(pl.Callback):
     """Interrupts a run after its first epoch, as a crash or a pre-emption would."""
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        trainer.should_stop = True
+        if trainer.current_epoch == 0:
+            trainer.should_stop = True
 
 
 def _train(compose_cfg, data_root, out_dir, *extra, experiment="quickstart"):
@@ -120,6 +121,7 @@ def test_resume_matches_uninterrupted_run(compose_cfg, tiny_data_root, tmp_path)
         tiny_data_root,
         part,
         *common,
+        stop,  # a resume keeps the run's options (the callback stops in the first epoch only)
         f"ckpt_path={part / 'checkpoints' / 'last.ckpt'}",
     )
     a, b = (
