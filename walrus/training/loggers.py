@@ -47,7 +47,7 @@ def wandb_run_name(task_name: str | None, overrides: Sequence[str] | None) -> st
         key = line.split("=", 1)[0].lstrip("+~")
         if not any(key == k or key.startswith(k + ".") for k in _UNNAMED):
             kept.append(line)
-    return " ".join([str(task_name or "train"), *kept])[:128]
+    return " ".join([str(task_name or "train"), *kept])[:256]
 
 
 class SafeWandbLogger(WandbLogger):
