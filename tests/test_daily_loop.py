@@ -129,7 +129,9 @@ def test_resume_refuses_changed_options_in_one_line(compose_cfg, tiny_data_root,
         _run(compose_cfg, merged)
     message = str(err.value)
     assert "\n" not in message
-    assert "only trainer.max_steps, trainer.max_epochs, trainer.max_time and logging" in message
+    assert (
+        "only trainer.max_steps, trainer.max_epochs, trainer.max_time, logging and the" in message
+    )
     assert "model.dim (run: 32, now: 64)" in message and "optimizer.lr (run: 0.001, now: 0.5)" in (
         message
     )

@@ -10,7 +10,7 @@ command-line overrides it was started with and its W&B run id. Resuming:
   overrides are data: each is parsed and checked, and one that would name code to build
   (``_target_``) or an interpolation (``${...}``) is not taken from the file;
 * :func:`check_resume_config` refuses, in one line naming them, changes to any option other
-  than the stopping options and logging.
+  than the stopping options, logging and where the run executes (``FREE_OPTIONS``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from hydra.errors import HydraException
 from walrus.checkpoint import load_checkpoint_file
 
 RECORD_KEY = "RunRecord"
-# Options a resume may change: when to stop, how to log, where things are.
+# Options a resume may change: when to stop, how to log, where things are and where it runs
+# (a sharded run resumes under DDP and back, on another machine).
 STOP_OPTIONS = ("trainer.max_steps", "trainer.max_epochs", "trainer.max_time")
 FREE_OPTIONS = (
     *STOP_OPTIONS,
@@ -36,6 +37,13 @@ FREE_OPTIONS = (
     "logger",
     "callbacks.progress_bar",
     "callbacks.progress_line",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+    "trainer.use_distributed_sampler",
+    "data.num_workers",
+    "data.pin_memory",
     "ckpt_path",
     "paths.output_dir",
     "paths.log_dir",
@@ -181,6 +189,7 @@ def check_resume_config(
     changed = config_changes(recorded, current)
     if changed:
         raise ValueError(
-            f"resuming {path}: only {', '.join(STOP_OPTIONS)} and logging may change on resume, "
+            f"resuming {path}: only {', '.join(STOP_OPTIONS)}, logging and the hardware options "
+            "may change on resume, "
             f"but these options differ from the run's: {'; '.join(changed)}"
         )
