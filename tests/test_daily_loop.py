@@ -248,10 +248,9 @@ def test_wandb_offline_run_has_config_name_and_resumes_by_id(
     ]
     _, objects = _run(compose_cfg, first, run)
     logger = objects["trainer"].logger
-    experiment = logger.experiment
+    experiment = logger.experiment  # the run train() started, and finished
     name, config, run_id = experiment.name, dict(experiment.config), experiment.id
     shown = ProgressBar().get_metrics(objects["trainer"], objects["module"])
-    experiment.finish()
     assert name == wandb_run_name("quickstart", first) and name.startswith("quickstart model=tiny ")
     assert "paths." not in name and "logger=" not in name and "experiment=" not in name
     assert config["optimizer"]["lr"] == 1.0e-3  # the resolved config
@@ -261,7 +260,6 @@ def test_wandb_offline_run_has_config_name_and_resumes_by_id(
     last = run / "checkpoints" / "last.ckpt"
     _, objects = _run(compose_cfg, resume_overrides([f"ckpt_path={last}", "trainer.max_steps=3"]))
     resumed_id = objects["trainer"].logger.experiment.id
-    objects["trainer"].logger.experiment.finish()
     assert resumed_id == run_id
     runs = sorted((run / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)

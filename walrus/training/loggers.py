@@ -72,6 +72,16 @@ class SafeWandbLogger(WandbLogger):
             self._wandb_init.pop("anonymous", None)
 
 
+def finish_wandb_runs(loggers: Sequence[Any]) -> None:
+    """Finish the W&B runs these loggers started (W&B keeps one global run per process, which a
+    later logger would otherwise join)."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and getattr(logger, "_experiment", None) is not None:
+            finish = getattr(logger._experiment, "finish", None)
+            if callable(finish):
+                finish()
+
+
 class _AppendingWriter(ExperimentWriter):
     """Lightning's CSV writer, except that an existing ``metrics.csv`` is continued (its
     columns kept) instead of deleted."""

@@ -36,7 +36,12 @@ from walrus.options import check_option_types
 from walrus.training.budget import TimeBudget
 from walrus.training.callbacks import DataPositionCallback, RNGStateCallback
 from walrus.training.checkpointing import LastCheckpoint
-from walrus.training.loggers import is_wandb_config, quiet_logger_noise, wandb_run_name
+from walrus.training.loggers import (
+    finish_wandb_runs,
+    is_wandb_config,
+    quiet_logger_noise,
+    wandb_run_name,
+)
 from walrus.training.resume import (
     RunRecord,
     check_resume_config,
@@ -316,6 +321,8 @@ def _train(
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     except SIGTERMException:
         raise TrainingInterrupted(trainer.global_step, str(last.path)) from None
+    finally:
+        finish_wandb_runs(loggers)  # a later train() in this process must not reuse the run
 
     _report_missing_best(trainer, last)
 
