@@ -348,6 +348,43 @@ def test_progress_bar_stays_off_when_stdout_is_a_file(monkeypatch):
     assert not bar.is_enabled
 
 
+class AlternatingSteps(pl.Callback):
+    """The module's clock: training steps alternately take 1 s and 9 s (as 2D and 3D batches of
+    a multi-dataset run do)."""
+
+    def __init__(self) -> None:
+        self.clock = _Clock()
+        self.steps = 0
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        pl_module.clock = self.clock
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self.clock.now += 1.0 if self.steps % 2 == 0 else 9.0
+        self.steps += 1
+
+
+def test_samples_per_second_is_measured_over_the_logging_interval(
+    compose_cfg, tiny_data_root, tmp_path
+):
+    overrides = _overrides(
+        tiny_data_root,
+        tmp_path,
+        "quickstart",
+        "trainer.max_epochs=2",
+        "trainer.log_every_n_steps=2",
+        "+callbacks.steps._target_=tests.test_daily_loop.AlternatingSteps",
+    )
+    _run(compose_cfg, overrides, tmp_path)
+    with open(tmp_path / "logs" / "metrics.csv", newline="") as f:
+        rates = [
+            float(r["train/samples_per_s"]) for r in csv.DictReader(f) if r["train/samples_per_s"]
+        ]
+    # the steps completed since the last logging step: step 0 (2 samples in 1 s), then steps
+    # 1-2 (4 samples in 9 s + 1 s), not 2 and 0.22 samples/s alternating step by step
+    assert rates == [pytest.approx(2.0), pytest.approx(0.4)]
+
+
 # ---------------------------------------------------------------------- 10. make demo
 
 

@@ -142,7 +142,8 @@ class WalrusModule(pl.LightningModule):
         self.vocab = vocab or {}
         self.data_config = data_config or {}
         self.compile_mode = compile_model(model, compile, "module.compile")
-        self._step_start = time.perf_counter()  # start of the samples/s interval
+        self.clock = time.perf_counter  # seconds, for train/samples_per_s (tests inject one)
+        self._step_start = self.clock()  # start of the samples/s interval
         self._rate_samples = 0
         self._val_start = self._step_start
         # Non-finite loss tracking: first bad global step and its loss, on the loss's device
@@ -268,13 +269,14 @@ class WalrusModule(pl.LightningModule):
         if self._logs_this_step() or len(self._unchecked) >= _MAX_UNCHECKED:
             self.check_finite_loss()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.batch_size)
-        self._rate_samples += batch.batch_size
-        if self._logs_this_step() or self._trainer is None:
-            # over the logging interval: per step it swings with each batch's dataset
-            now = time.perf_counter()
+        if self._rate_samples and (self._logs_this_step() or self._trainer is None):
+            # the steps completed since the last logging step: per step it swings with each
+            # batch's dataset
+            now = self.clock()
             rate = self._rate_samples / max(now - self._step_start, 1e-9)
             self._step_start, self._rate_samples = now, 0
             self.log("train/samples_per_s", rate, prog_bar=True, batch_size=batch.batch_size)
+        self._rate_samples += batch.batch_size
         if self.rollout_steps > 1:
             self.log("train/unroll_steps", float(self.unroll_steps()), batch_size=batch.batch_size)
         return loss
@@ -330,14 +332,14 @@ class WalrusModule(pl.LightningModule):
         )
 
     def on_train_start(self) -> None:
-        self._step_start, self._rate_samples = time.perf_counter(), 0
+        self._step_start, self._rate_samples = self.clock(), 0
 
     def on_validation_start(self) -> None:
-        self._val_start = time.perf_counter()
+        self._val_start = self.clock()
 
     def on_validation_end(self) -> None:
         # validation time is not training time: move the samples/s interval's start past it
-        self._step_start += time.perf_counter() - self._val_start
+        self._step_start += self.clock() - self._val_start
 
     def on_train_end(self) -> None:
         self.check_finite_loss()
