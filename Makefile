@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow lint format demo clean
+.PHONY: install test test-slow lint format demo demo-dir clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,11 +43,23 @@ DEMO_DIR ?= outputs/demo
 DEMO_DATA_ARGS ?=
 DEMO_ARGS ?=
 DEMO_INFER_ARGS ?=
+# left in each folder `make demo` creates: it only ever deletes a folder holding this file
+DEMO_MARKER := .made-by-make-demo
+
+# A fresh, empty DEMO_DIR; a folder that `make demo` did not create is left alone.
+demo-dir:
+	@if [ -e "$(DEMO_DIR)" ] && [ ! -f "$(DEMO_DIR)/$(DEMO_MARKER)" ]; then \
+		echo "make demo: $(DEMO_DIR) exists and was not created by make demo; not deleting it (move it, or set DEMO_DIR=another/folder)"; \
+		exit 1; \
+	fi
+	rm -rf "$(DEMO_DIR)"
+	mkdir -p "$(DEMO_DIR)"
+	touch "$(DEMO_DIR)/$(DEMO_MARKER)"
 
 demo: install
 	test -d $(DEMO_DATA)/navier_stokes_2d/data || \
 		$(PY) -m walrus.data.synthetic navier_stokes_2d --out $(DEMO_DATA) $(DEMO_DATA_ARGS)
-	rm -rf $(DEMO_DIR)
+	$(MAKE) --no-print-directory demo-dir DEMO_DIR="$(DEMO_DIR)"
 	$(PY) train.py experiment=quickstart paths.data_dir=$(DEMO_DATA) \
 		hydra.run.dir=$(DEMO_DIR) $(DEMO_ARGS)
 	$(PY) infer.py rollout ckpt_path=$(DEMO_DIR)/checkpoints/last.ckpt split=test \

@@ -31,7 +31,7 @@ def _train(compose_cfg, data_root, out_dir, *extra):
 # ---------------------------------------------------------------------- model= with a checkpoint
 
 
-@pytest.mark.parametrize("how", ["init_from", "ckpt_path"])
+@pytest.mark.parametrize("how", ["init_from"])  # a resume refuses model changes (test_daily_loop)
 def test_config_yaml_records_the_checkpoint_architecture(
     compose_cfg, tiny_data_root, tmp_path, caplog, how
 ):

@@ -33,7 +33,8 @@ class StopAfterFirstEpoch(pl.Callback):
     """Interrupts a run after its first epoch, as a crash or a pre-emption would."""
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        trainer.should_stop = True
+        if trainer.current_epoch == 0:
+            trainer.should_stop = True
 
 
 def _train(compose_cfg, data_root, out_dir, *extra, experiment="quickstart"):
@@ -45,7 +46,7 @@ def _cli(*args, cwd=REPO, timeout=300):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("WALRUS_TRACEBACK", None)
     return subprocess.run(
-        [sys.executable, "train.py", *args],
+        [sys.executable, str(REPO / "train.py"), *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -120,6 +121,7 @@ def test_resume_matches_uninterrupted_run(compose_cfg, tiny_data_root, tmp_path)
         tiny_data_root,
         part,
         *common,
+        stop,  # a resume keeps the run's options (the callback stops in the first epoch only)
         f"ckpt_path={part / 'checkpoints' / 'last.ckpt'}",
     )
     a, b = (
@@ -452,7 +454,9 @@ def test_cli_multirun_gives_each_job_its_own_directory(tiny_data_root, tmp_path)
         "-m", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}", "debug=fast_dev_run", "seed=0,1"
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    for job in ("0", "1"):
+    for job in ("0", "1"):  # each job's console lines say which job they come from
+        pattern = rf"^\[job {job}\] (INFO: )?Run finished: stopped by debug=fast_dev_run"
+        assert re.search(pattern, r.stdout + r.stderr, re.M), (r.stdout + r.stderr)[-3000:]
         cfg = (tmp_path / "sweep" / job / "config.yaml").read_text()
         assert f"seed: {job}" in cfg
         assert f"output_dir: {tmp_path / 'sweep' / job}" in cfg
@@ -464,3 +468,23 @@ def test_config_composed_outside_a_hydra_run_needs_an_output_dir(compose_cfg, ti
     ]
     with pytest.raises(ValueError, match="pass paths.output_dir=DIR"):
         train(compose_cfg("train", overrides))
+
+
+def test_cli_resume_continues_in_the_checkpoints_folder(tiny_data_root, tmp_path):
+    run = tmp_path / "run"
+    overrides = [
+        o
+        for o in tiny_train_overrides(tiny_data_root, tmp_path)
+        if not o.startswith(("paths.output_dir=", "trainer.max_epochs="))
+    ]
+    r = _cli(*overrides, f"hydra.run.dir={run}", "trainer.max_steps=1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = run / "checkpoints" / "last.ckpt"
+    # no hydra.run.dir and no other option: the run's own folder and config
+    r = _cli(f"ckpt_path={last}", "trainer.max_steps=2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (tmp_path / "outputs").exists()  # no new dated folder
+    assert load_checkpoint_file(last)["global_step"] == 2
+    assert f"resume:     python train.py ckpt_path={last}" in r.stdout + r.stderr
+    assert "model: tiny" not in (run / "config.yaml").read_text()  # the run's resolved config
+    assert "dim: 32" in (run / "config.yaml").read_text()

@@ -1,8 +1,10 @@
 """A wall-clock training budget (``trainer.max_time``) that the learning-rate schedule follows.
 
 The budget covers training *and* the validation that Lightning runs when training stops: the
-callback measures how long a validation batch takes (the sanity check gives the first estimate)
-and ends training as soon as one more training step plus a full validation would no longer fit.
+callback measures how long a validation batch of each dataset takes (the sanity check gives the
+first estimate) and ends training as soon as one more training step plus a full validation would
+no longer fit. On multi-dataset data the reserve is the sum over datasets of their batch count
+times their own batch time; a dataset not yet validated is estimated from its training steps.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ class TimeBudget(pl.Callback):
     The clock starts when fitting starts (data preparation before it is not counted) and carries
     over a resume. Training stops after the step at which ``fraction()`` reaches 1:
 
-        fraction = (elapsed + last step's duration) / (duration - validation reserve)
+        fraction = (elapsed + next step's duration) / (duration - validation reserve)
 
-    i.e. when the next step would end past the time left after a full validation. Learning-rate
+    i.e. when the next step (the slowest dataset's mean step) would end past the time left after
+    a full validation. Learning-rate
     schedules read ``fraction()`` to reach their floor at that step. Rank 0 measures it before each
     optimizer step and every rank uses that value, so the ranks of a distributed run agree on the
     learning rate and on when to stop.
@@ -68,10 +71,10 @@ class TimeBudget(pl.Callback):
         self._start: float | None = None
         self._batch_start = 0.0
         self._step_s = 0.0
-        self._val_start = 0.0
-        self._val_batches = 0
-        self._val_batch_s: float | None = None  # mean seconds per validation batch, measured
-        self._full_val_batches = 0.0
+        self._val_mark = 0.0  # end of the last validation batch (or validation start)
+        self._val_s: dict[str | None, list[float]] = {}  # dataset -> [seconds, batches]
+        self._train_s: dict[str | None, list[float]] = {}  # dataset -> [seconds, steps]
+        self._full_val_batches: dict[str | None, float] = {}  # dataset -> batches per validation
         self._fraction = 0.0  # rank 0's measure before the last optimizer step
 
     def elapsed(self) -> float:
@@ -81,18 +84,42 @@ class TimeBudget(pl.Callback):
     def remaining(self) -> float:
         return max(self.duration - self.elapsed(), 0.0)
 
+    def val_batch_seconds(self, dataset: str | None) -> float | None:
+        """Seconds per validation batch of ``dataset``: measured, else scaled from a measured
+        dataset by the ratio of their training-step times, else the slowest measured one."""
+        mean = {d: t / n for d, (t, n) in self._val_s.items() if n}
+        if not mean:
+            return None
+        if dataset in mean:
+            return mean[dataset]
+        train = {d: t / n for d, (t, n) in self._train_s.items() if n}
+        ratios = [mean[d] / train[d] for d in mean if train.get(d)]
+        if dataset in train and ratios:
+            return max(ratios) * train[dataset]
+        return max(mean.values())
+
     def reserve(self) -> float:
         """Seconds kept back for the validation that runs when training stops."""
-        if self._val_batch_s is None or not math.isfinite(self._full_val_batches):
-            return 0.0
-        return self._val_batch_s * self._full_val_batches
+        total = 0.0
+        for dataset, batches in self._full_val_batches.items():
+            per_batch = self.val_batch_seconds(dataset)
+            if per_batch is None or not math.isfinite(batches):
+                return 0.0
+            total += per_batch * batches
+        return total
 
     def measure(self) -> float:
         """Share of the training time used once the next step ends, in ``[0, 1]``, on this rank's clock."""
         if self.stopped:
             return 1.0
         train_time = max(self.duration - self.reserve(), 1e-9)
-        return min((self.elapsed() + self._step_s) / train_time, 1.0)
+        return min((self.elapsed() + self.next_step_seconds()) / train_time, 1.0)
+
+    def next_step_seconds(self) -> float:
+        """Expected length of the next training step: the mean step of the slowest dataset
+        seen (the next batch may come from any), else the last step's."""
+        means = [t / n for t, n in self._train_s.values() if n]
+        return max(means) if means else self._step_s
 
     def fraction(self) -> float:
         """:meth:`measure` as rank 0 took it before the last optimizer step (1 once stopped)."""
@@ -122,6 +149,9 @@ class TimeBudget(pl.Callback):
         batch_idx: int,
     ) -> None:
         self._step_s = self.clock() - self._batch_start
+        spent = self._train_s.setdefault(_dataset(batch), [0.0, 0])
+        spent[0] += self._step_s
+        spent[1] += 1
         if self._fraction >= 1.0 and not self.stopped:
             self.stopped = True
             trainer.should_stop = True
@@ -133,9 +163,8 @@ class TimeBudget(pl.Callback):
             )
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._val_start = self.clock()
-        self._val_batches = 0
-        self._full_val_batches = float(sum(trainer.num_val_batches))
+        self._val_mark = self.clock()
+        self._full_val_batches = val_batches_per_dataset(trainer)
 
     def on_validation_batch_end(
         self,
@@ -146,14 +175,43 @@ class TimeBudget(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._val_batches += 1
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._val_batches:
-            self._val_batch_s = (self.clock() - self._val_start) / self._val_batches
+        now = self.clock()
+        spent = self._val_s.setdefault(_dataset(batch), [0.0, 0])
+        spent[0] += now - self._val_mark  # loading included
+        spent[1] += 1
+        self._val_mark = now
 
     def state_dict(self) -> dict[str, Any]:
         return {"elapsed": self.elapsed()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._offset = float(state_dict.get("elapsed", 0.0))
+
+
+def _dataset(batch: Any) -> str | None:
+    meta = getattr(batch, "metadata", None)
+    name = meta.get("dataset") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def val_batches_per_dataset(trainer: pl.Trainer) -> dict[str | None, float]:
+    """Batches of each dataset in one full validation (``{None: n}`` when the loader does not
+    say how its batches split over datasets)."""
+    total = float(sum(trainer.num_val_batches))
+    loaders = trainer.val_dataloaders
+    sampler = getattr(loaders, "batch_sampler", None)
+    names = getattr(trainer.datamodule, "dataset_names", None) if trainer.datamodule else None
+    sizes = getattr(sampler, "sizes", None)
+    if not math.isfinite(total) or not names or not sizes or len(names) != len(sizes):
+        return {None: total}
+    counts = [float(sampler._n_batches(n)) for n in sizes]
+    if sum(counts) <= total:
+        return dict(zip(names, counts))
+    if trainer.world_size > 1:  # each rank serves a share of every dataset
+        scale = total / sum(counts)
+        return {n: c * scale for n, c in zip(names, counts)}
+    out, left = {}, total  # limit_val_batches: the first batches, in dataset order
+    for name, count in zip(names, counts):
+        out[name] = min(count, left)
+        left -= out[name]
+    return out

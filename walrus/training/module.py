@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from walrus import metrics
@@ -21,6 +22,8 @@ from walrus.training.budget import TimeBudget
 from walrus.training.losses import LOSSES, normalized_loss
 from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_groups
 
+# A field is constant when its spatial range is at most this fraction of its magnitude.
+CONSTANT_FIELD_RTOL = 1e-6
 _NO_STEP = 2**62  # "no bad step yet" in the device-side flag
 _MAX_UNCHECKED = 1000  # steps between non-finite checks when logging is off
 ROLLOUT_MODES = ("one_step", "pushforward", "unrolled")
@@ -139,12 +142,16 @@ class WalrusModule(pl.LightningModule):
         self.vocab = vocab or {}
         self.data_config = data_config or {}
         self.compile_mode = compile_model(model, compile, "module.compile")
-        self._step_start = time.perf_counter()
+        self.clock = time.perf_counter  # seconds, for train/samples_per_s (tests inject one)
+        self._step_start = self.clock()  # start of the samples/s interval
+        self._rate_samples = 0
+        self._val_start = self._step_start
         # Non-finite loss tracking: first bad global step and its loss, on the loss's device
         # (read at checks only), and the host-side facts of the steps since the last check.
         self._first_bad: Tensor | None = None
         self._bad_loss: Tensor | None = None
         self._unchecked: dict[int, tuple[int, dict[str, Any]]] = {}
+        self._named_constant: set[tuple[str, str]] = set()  # (dataset, field) already named
 
     def forward(self, x: Tensor, fields: Tensor, bcs: Tensor) -> Tensor:
         return self.model(x, fields, bcs)
@@ -261,11 +268,15 @@ class WalrusModule(pl.LightningModule):
         self._note_loss(loss, batch, batch_idx)
         if self._logs_this_step() or len(self._unchecked) >= _MAX_UNCHECKED:
             self.check_finite_loss()
-        now = time.perf_counter()
-        rate = batch.batch_size / max(now - self._step_start, 1e-9)
-        self._step_start = now
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.batch_size)
-        self.log("train/samples_per_s", rate, prog_bar=True, batch_size=batch.batch_size)
+        if self._rate_samples and (self._logs_this_step() or self._trainer is None):
+            # the steps completed since the last logging step: per step it swings with each
+            # batch's dataset
+            now = self.clock()
+            rate = self._rate_samples / max(now - self._step_start, 1e-9)
+            self._step_start, self._rate_samples = now, 0
+            self.log("train/samples_per_s", rate, prog_bar=True, batch_size=batch.batch_size)
+        self._rate_samples += batch.batch_size
         if self.rollout_steps > 1:
             self.log("train/unroll_steps", float(self.unroll_steps()), batch_size=batch.batch_size)
         return loss
@@ -320,6 +331,16 @@ class WalrusModule(pl.LightningModule):
             f"global step {step} ({where}); the last good checkpoint is kept"
         )
 
+    def on_train_start(self) -> None:
+        self._step_start, self._rate_samples = self.clock(), 0
+
+    def on_validation_start(self) -> None:
+        self._val_start = self.clock()
+
+    def on_validation_end(self) -> None:
+        # validation time is not training time: move the samples/s interval's start past it
+        self._step_start += self.clock() - self._val_start
+
     def on_train_end(self) -> None:
         self.check_finite_loss()
 
@@ -346,15 +367,25 @@ class WalrusModule(pl.LightningModule):
         nxt, last = nxt[:, 0], last[:, 0]  # (B, C, *S)
         model_err = metrics.vrmse(nxt, truth, n_spatial=n_sp)  # (B, C)
         persist_err = metrics.vrmse(last, truth, n_spatial=n_sp)  # (B, C)
-        self.log(
-            "val/vrmse", model_err.mean(), prog_bar=True, batch_size=b, add_dataloader_idx=False
-        )
-        self.log(
-            "val/vrmse_persistence", persist_err.mean(), batch_size=b, add_dataloader_idx=False
-        )
         names = batch.channel_names() or [str(i) for i in batch.field_ids.tolist()]
         dataset = batch.metadata.get("dataset", "data")
+        keep = self._varying_fields(truth, n_sp, dataset, names)  # (C,) bool
+        self.log(
+            "val/vrmse",
+            model_err[:, keep].mean(),
+            prog_bar=True,
+            batch_size=b,
+            add_dataloader_idx=False,
+        )
+        self.log(
+            "val/vrmse_persistence",
+            persist_err[:, keep].mean(),
+            batch_size=b,
+            add_dataloader_idx=False,
+        )
         for c, name in enumerate(names):
+            if not keep[c]:
+                continue
             self.log(
                 f"val/vrmse/{dataset}/{name}",
                 model_err[:, c].mean(),
@@ -370,7 +401,9 @@ class WalrusModule(pl.LightningModule):
             same_input = dtype == torch.promote_types(dtype, torch.float32)
             model = _FirstOutputGiven(self.model, pred) if same_input else self.model
             errs = [
-                metrics.vrmse(p.float(), batch.output_fields[:, s].float(), n_spatial=n_sp).mean()
+                metrics.vrmse(p.float(), batch.output_fields[:, s].float(), n_spatial=n_sp)[
+                    :, keep
+                ].mean()
                 for s, p in enumerate(
                     rollout(
                         model,
@@ -388,6 +421,27 @@ class WalrusModule(pl.LightningModule):
                 batch_size=b,
                 add_dataloader_idx=False,
             )
+
+    def _varying_fields(self, truth: Tensor, n_sp: int, dataset: str, names: list[str]) -> Tensor:
+        """``(C,)`` bool: fields whose true frame ``truth`` ``(B, C, *S)`` varies in space in some
+        sample. Constant ones (a uniform velocity) score a meaningless 0 and stay out of the
+        validation means; each is named once. All fields are kept if none varies."""
+        dims = tuple(range(2, 2 + n_sp))
+        t = truth.float()
+        spread = t.amax(dim=dims) - t.amin(dim=dims)  # (B, C)
+        size = t.abs().amax(dim=dims)  # (B, C)
+        varying = (spread > CONSTANT_FIELD_RTOL * size).any(dim=0)  # (C,)
+        if not bool(varying.any()):
+            return torch.ones_like(varying)
+        constant = [n for n, v in zip(names, varying.tolist()) if not v]
+        new = [n for n in constant if (dataset, n) not in self._named_constant]
+        if new:
+            self._named_constant.update((dataset, n) for n in new)
+            rank_zero_info(
+                f"validation: {dataset} field(s) {', '.join(new)} are constant in space; they are "
+                "left out of val/vrmse, val/vrmse_persistence and val/rollout_vrmse"
+            )
+        return varying
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_factory(param_groups(self.model, self.weight_decay))

@@ -56,8 +56,7 @@ class ProgressLine(pl.Callback):
         return self.stream if self.stream is not None else sys.stdout
 
     def enabled(self) -> bool:
-        isatty = getattr(self._out(), "isatty", None)
-        return not (callable(isatty) and isatty())
+        return not _is_terminal(self._out())
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_time = self.clock()
@@ -112,6 +111,11 @@ class ProgressLine(pl.Callback):
         return min(etas) if etas else None
 
 
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(callable(isatty) and isatty())
+
+
 def _total_steps(trainer: pl.Trainer) -> int | None:
     total = trainer.estimated_stepping_batches
     return int(total) if total != float("inf") else None
@@ -130,7 +134,8 @@ class ProgressBar(RichProgressBar):
     """Lightning's Rich progress bar, reading the logged metrics every ``metrics_every_n_steps``.
 
     Reading a logged device tensor is a host sync; the stock bar reads them after every step.
-    Between reads the bar shows the last values read.
+    Between reads the bar shows the last values read. When stdout is not a terminal the bar
+    stays off (written to a file it wraps mid-name); :class:`ProgressLine` reports instead.
     """
 
     def __init__(self, metrics_every_n_steps: int = 10, **kwargs: Any) -> None:
@@ -149,6 +154,11 @@ class ProgressBar(RichProgressBar):
         self._shown: dict[str, int | str | float | dict[str, float]] | None = None
         self._read_at: int | None = None
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not _is_terminal(sys.stdout):
+            self.disable()
+        super().setup(trainer, pl_module, stage)
+
     def get_metrics(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule
     ) -> dict[str, int | str | float | dict[str, float]]:
@@ -160,5 +170,6 @@ class ProgressBar(RichProgressBar):
         )
         if due:
             self._shown = super().get_metrics(trainer, pl_module)
+            self._shown.pop("v_num", None)  # the logger's version, "" or a W&B id: noise here
             self._read_at = step
         return self._shown

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError
 
 from walrus.atomic import remove_stale_temp_files, write_text_atomic
@@ -37,24 +39,38 @@ from walrus.run_files import write_run_files
 from walrus.training.budget import TimeBudget
 from walrus.training.callbacks import DataPositionCallback, RNGStateCallback
 from walrus.training.checkpointing import LastCheckpoint, check_resume_state
+from walrus.training.loggers import (
+    finish_wandb_runs,
+    is_wandb_config,
+    quiet_logger_noise,
+    wandb_run_name,
+)
+from walrus.training.resume import (
+    RunRecord,
+    check_resume_config,
+    new_wandb_id,
+    read_record,
+    resume_overrides,
+)
+from walrus.training.run_dir import run_dir_for
+from walrus.training.summary import job_prefix, print_summary, sweep_job
 
 FREEZE_OPTIONS = (None, "processor")
 
 
 def _source_checkpoint(cfg: DictConfig) -> tuple[dict | None, dict | None, str | None]:
-    """The checkpoint that seeds this run (fine-tune or resume), validated up front."""
-    if cfg.get("finetune", {}).get("enabled") and not cfg.get("init_from"):
+    """The checkpoint that seeds this run, validated up front: ``ckpt_path`` (resume, any
+    experiment; a fine-tune's ``init_from`` is then its record) or ``init_from`` (fine-tune)."""
+    resuming = bool(cfg.get("ckpt_path"))
+    if cfg.get("finetune", {}).get("enabled") and not cfg.get("init_from") and not resuming:
         raise ValueError(
-            f"experiment {cfg.task_name!r} fine-tunes a checkpoint: pass init_from=PATH/TO/last.ckpt"
+            f"experiment {cfg.task_name!r} fine-tunes a checkpoint: pass init_from=PATH/TO/last.ckpt "
+            "(or ckpt_path=RUN/checkpoints/last.ckpt to resume a run)"
         )
-    if cfg.get("init_from") and cfg.get("ckpt_path"):
-        raise ValueError(
-            "give either init_from (fine-tune, weights only) or ckpt_path (resume), not both"
-        )
-    path = cfg.get("init_from") or cfg.get("ckpt_path")
+    path = cfg.get("ckpt_path") or cfg.get("init_from")
     if not path:
         return None, None, None
-    if cfg.get("init_from"):  # a walrus checkpoint, an official walrus.pt or hf://ORG/NAME...
+    if not resuming:  # init_from: a walrus checkpoint, an official walrus.pt or hf://ORG/NAME...
         ckpt, file = open_checkpoint(path)
         return ckpt, walrus_meta(ckpt, file), str(path)
     ckpt = load_checkpoint_file(path)
@@ -77,12 +93,13 @@ def _record_model(cfg: DictConfig, out_dir: Path, actual: WalrusConfig, source: 
     """With a source checkpoint, the architecture is the checkpoint's: rewrite ``config.yaml``
     with the model that actually runs, and say which requested ``model`` options are ignored."""
     requested = OmegaConf.to_container(cfg.model, resolve=True)
+    given = set(requested)  # options the model config sets, not WalrusConfig's defaults
     runs = actual.to_dict()
     with contextlib.suppress(ValueError):  # else compared as given; ignored either way
         requested = WalrusConfig.from_dict({**requested, "n_fields": actual.n_fields}).to_dict()
     ignored = [
         f"{k}={requested[k]!r} (checkpoint: {runs[k]!r})"
-        for k in sorted(set(requested) & set(runs))
+        for k in sorted(given & set(requested) & set(runs))
         if k not in (*WalrusConfig.RUNTIME_OPTIONS, "n_fields") and requested[k] != runs[k]
     ]
     if ignored:
@@ -113,14 +130,21 @@ def _freeze(model: torch.nn.Module, what: str | None) -> None:
             p.requires_grad_(False)
 
 
-def _report_missing_best(trainer: pl.Trainer) -> None:
+def _report_missing_best(trainer: pl.Trainer, last: LastCheckpoint) -> None:
     """Says in one line why a monitoring checkpoint callback wrote no ``best-*.ckpt``."""
+    if trainer.fast_dev_run:
+        return  # the summary says that a fast_dev_run writes no checkpoint
+    holds = (
+        "checkpoints/last.ckpt holds the final weights."
+        if last.path.is_file()
+        else "no checkpoint was written."
+    )
     for cb in trainer.checkpoint_callbacks:
         monitor = getattr(cb, "monitor", None)
         if monitor and not getattr(cb, "best_model_path", "") and trainer.is_global_zero:
             rank_zero_info(
-                f"No {monitor} was logged (no validation epoch logged it), so no best-*.ckpt was written; "
-                "checkpoints/last.ckpt holds the final weights."
+                f"No {monitor} was logged (no validation epoch logged it), so no best-*.ckpt "
+                f"was written; {holds}"
             )
 
 
@@ -136,38 +160,90 @@ def _check_types(cfg: DictConfig) -> None:
 
 
 def _output_dir(cfg: DictConfig) -> Path:
-    """The run directory: Hydra's run directory, or ``paths.output_dir`` when given."""
+    """The run directory: Hydra's run directory, or ``paths.output_dir`` when given; outside a
+    Hydra run, a resume's is the checkpoint's run folder."""
     try:
         return Path(cfg.paths.output_dir)
     except InterpolationResolutionError:
+        resumed = run_dir_for(cfg.get("ckpt_path"), "")
+        if resumed:
+            with open_dict(cfg):
+                cfg.paths.output_dir = resumed
+            return Path(resumed)
         raise ValueError(
             "paths.output_dir is Hydra's run directory, and this config was not composed by a "
             "Hydra run: pass paths.output_dir=DIR"
         ) from None
 
 
-def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
+def train_from_command_line(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
+    """``train.py``'s entry inside a Hydra run: a resume (``ckpt_path=``) is composed again from
+    the overrides the run was started with plus this command line's, then :func:`train` runs."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+    merged = resume_overrides(overrides)
+    if merged != overrides:
+        cfg = compose(config_name=hydra_cfg.job.config_name, overrides=merged)
+    return train(cfg, overrides=merged)
+
+
+def train(
+    cfg: DictConfig, overrides: Sequence[str] | None = None
+) -> tuple[dict[str, float], dict[str, Any]]:
     """Train (or fine-tune, or resume) a model as ``cfg`` describes.
+
+    Args:
+        cfg: the composed config.
+        overrides: the command-line overrides ``cfg`` was composed with; recorded in the
+            checkpoints (so ``ckpt_path=...`` alone resumes) and named in the W&B run name.
 
     Returns:
         ``(metrics, objects)``: the final logged metrics as floats, and the ``trainer``,
         ``module``, ``datamodule`` and ``output_dir`` used.
     """
+    with job_prefix(sweep_job()):
+        return _train(cfg, overrides)
+
+
+def _train(
+    cfg: DictConfig, overrides: Sequence[str] | None
+) -> tuple[dict[str, float], dict[str, Any]]:
+    started = time.monotonic()
     quiet_lightning()
+    quiet_logger_noise()
     out_dir = _output_dir(cfg)
     _check_types(cfg)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    ckpt, meta, source = _source_checkpoint(cfg)
+    resuming = bool(cfg.get("ckpt_path"))
+    record = read_record(ckpt, source) if resuming else {}
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if resuming:
+        check_resume_config(record.get("config"), resolved, source)
+    finetuned = bool(cfg.get("init_from") or (record.get("config") or {}).get("init_from"))
+
     out_dir.mkdir(parents=True, exist_ok=True)
     for folder in (out_dir, out_dir / "checkpoints"):  # left by a run killed mid-write
         remove_stale_temp_files(folder)
 
-    ckpt, meta, source = _source_checkpoint(cfg)
     base_vocab = FieldVocabulary.from_dict(meta["vocab"]) if meta else None
     # warns when the old option data.root overrides paths.data_dir
     resolve_data_root(OmegaConf.select(cfg, "paths.data_dir"), OmegaConf.select(cfg, "data.root"))
     datamodule = instantiate(cfg.data, base_vocab=base_vocab)
     datamodule.prepare_data()
     vocab = datamodule.vocab
+    if base_vocab is not None and not resuming:
+        added = [n for n in vocab.names if n not in base_vocab.names]
+        rank_zero_info(
+            f"fine-tune: added {len(added)} field(s) to the vocabulary of {source} "
+            f"({len(base_vocab)} -> {len(vocab)}): {', '.join(added)}"
+            if added
+            else f"fine-tune: every field of this data is in the vocabulary of {source}"
+        )
 
     model_cfg = _model_config(cfg, meta)
     if meta is None:
@@ -180,21 +256,19 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         model = build_model(model_cfg)
     except ValueError as e:
         raise ValueError(f"checkpoint {source}: {e}" if source else str(e)) from None
-    if cfg.get("init_from"):
+    if not resuming and cfg.get("init_from"):
         load_weights_strict(model, model_state_dict(ckpt), source)
         if len(vocab) > model_cfg["n_fields"]:
             model.resize_vocab(len(vocab))
             model_cfg["n_fields"] = len(vocab)
         model.grow_dims(datamodule.spatial_dims)  # fresh sets for new data dimensionalities
-    elif cfg.get("ckpt_path") and any(
-        model.encoder_key(d) is None for d in datamodule.spatial_dims
-    ):
+    elif resuming and any(model.encoder_key(d) is None for d in datamodule.spatial_dims):
         raise ValueError(
             f"cannot resume from {source}: this run's data has {datamodule.spatial_dims}-D "
             f"datasets and the model has encoders for {list(model.include_d)}-D data only; "
             "fine-tune with init_from= to add them"
         )
-    elif cfg.get("ckpt_path") and meta["vocab"] != vocab.to_dict():
+    elif resuming and meta["vocab"] != vocab.to_dict():
         raise ValueError(
             f"cannot resume from {source}: its field vocabulary differs from this run's data; "
             "resume with the same data config, or fine-tune with init_from="
@@ -202,7 +276,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     _freeze(model, cfg.finetune.get("freeze") if cfg.get("finetune") else None)
 
     extra = {}
-    if cfg.get("init_from") and meta.get("normalizer"):
+    if finetuned and meta and meta.get("normalizer"):
         # A fine-tuned model keeps the normalisation its weights were trained with.
         extra["normalizer"] = build_normalizer(meta["normalizer"])
     elif getattr(datamodule, "normalization", "rms") == "zscore":
@@ -216,6 +290,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         vocab=vocab.to_dict(),
         data_config=OmegaConf.to_container(cfg.data, resolve=True),
     )
+    if resuming:  # before any logger writes into the run folder
+        check_resume_state(ckpt, source, module)
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     for required in (RNGStateCallback, DataPositionCallback):  # exact resume
         if not any(isinstance(c, required) for c in callbacks):
@@ -227,7 +303,20 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     max_time = cfg.trainer.get("max_time")
     if max_time is not None and not any(isinstance(c, TimeBudget) for c in callbacks):
         callbacks.append(TimeBudget(max_time))  # replaces Lightning's Timer
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    wandb_id = record.get("wandb_id") or new_wandb_id()
+    callbacks.append(RunRecord(resolved, overrides, wandb_id))
+    loggers = []
+    for logger_cfg in (cfg.get("logger") or {}).values():
+        if logger_cfg is None:
+            continue
+        kwargs: dict[str, Any] = {}
+        if is_wandb_config(logger_cfg):
+            kwargs["id"] = wandb_id  # a resume continues the same W&B run
+            if logger_cfg.get("name") in (None, cfg.get("task_name")):
+                kwargs["name"] = wandb_run_name(cfg.get("task_name"), overrides)
+        loggers.append(instantiate(logger_cfg, **kwargs))
+    for logger in loggers:  # every logger records the settings
+        logger.log_hyperparams(resolved)
     trainer: pl.Trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
@@ -235,8 +324,6 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         plugins=[AtomicCheckpointIO()],
         max_time=None,
     )
-    if cfg.get("ckpt_path"):
-        check_resume_state(ckpt, source, module)
     write_run_files(cfg, out_dir, "train.log")  # checks passed: now write into the run dir
     write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     if source:
@@ -245,8 +332,10 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     except SIGTERMException:
         raise TrainingInterrupted(trainer.global_step, str(last.path)) from None
+    finally:
+        finish_wandb_runs(loggers)  # a later train() in this process must not reuse the run
 
-    _report_missing_best(trainer)
+    _report_missing_best(trainer, last)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     metrics_path = out_dir / "metrics.json"
@@ -255,6 +344,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         metrics = json.loads(metrics_path.read_text())
     elif trainer.is_global_zero:
         write_text_atomic(metrics_path, json.dumps(metrics, indent=2, sort_keys=True))
+    print_summary(trainer, out_dir, last.path, time.monotonic() - started, metrics)
     objects = {
         "trainer": trainer,
         "module": module,
