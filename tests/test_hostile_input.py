@@ -621,12 +621,6 @@ def test_fault_injection_predictions_on_a_full_disk(trained, tiny_data_root, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by this case (Lightning 2.6, trainer=ddp on 2 gloo CPU processes): after "
-    "SIGTERM to rank 0 at step 3 of 12 the run trained on to step 12 and exited 0, without "
-    "the SIGTERM stop and exit 143 a single process gives",
-)
 def test_fault_injection_sigterm_on_two_ranks(tmp_path):
     """The benchmark's 2-rank case: SIGTERM to rank 0 of 2 DDP ranks, exit 143, the resume
     finishes."""

@@ -516,6 +516,17 @@ def _load_model_and_meta(
 ) -> tuple[nn.Module, FieldVocabulary, dict[str, Any]]:
     ckpt = load_checkpoint_file(path, map_location)
     meta = walrus_meta(ckpt, path)
+    return model_from_checkpoint(ckpt, meta, path), FieldVocabulary.from_dict(meta["vocab"]), meta
+
+
+def model_from_checkpoint(
+    ckpt: dict[str, Any], meta: dict[str, Any], path: str | os.PathLike
+) -> nn.Module:
+    """The model of a loaded checkpoint (``meta`` from :func:`walrus_meta`), with its weights.
+
+    The config is checked against the stored weights (:func:`check_config_fits`) first, so a
+    crafted size is refused before anything is allocated.
+    """
     state = model_state_dict(ckpt, path)
     config = check_config_fits(meta["model_config"], state, path)
     if len(meta["vocab"]["names"]) > config.n_fields:
@@ -528,7 +539,7 @@ def _load_model_and_meta(
     except ValueError as e:
         raise ValueError(f"checkpoint {path}: {e}") from None
     load_weights_strict(model, state, str(path))
-    return model, FieldVocabulary.from_dict(meta["vocab"]), meta
+    return model
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -18,13 +18,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from walrus.checkpoint import build_model, load_weights_strict, model_state_dict, walrus_meta
+from walrus.checkpoint import model_from_checkpoint, walrus_meta
 from walrus.data.datamodule import parse_dataset_specs, resolve_data_root
 from walrus.data.normalization import build_normalizer
 from walrus.data.storage import data_root_exists
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS, WellFile, list_split_files
+from walrus.errors import reading
 from walrus.hub import open_checkpoint
 from walrus.model.compile import compile_mode, compile_model
 from walrus.model.config import MAX_SIZE
@@ -104,13 +105,10 @@ def load_inference_checkpoint(path: str | os.PathLike) -> InferenceCheckpoint:
     Raises:
         FileNotFoundError, ValueError: a missing, unreadable or invalid checkpoint (one line).
     """
-    ckpt, file = open_checkpoint(path)
-    meta = walrus_meta(ckpt, file)
-    try:
-        model = build_model(meta["model_config"])
-    except ValueError as e:
-        raise ValueError(f"checkpoint {file}: {e}") from None
-    load_weights_strict(model, model_state_dict(ckpt), str(file))
+    with reading(f"checkpoint {path}"):
+        ckpt, file = open_checkpoint(path)
+        meta = walrus_meta(ckpt, file)
+        model = model_from_checkpoint(ckpt, meta, file)
     del ckpt
     data_config = meta.get("data_config") or {}
     if not isinstance(data_config, Mapping):

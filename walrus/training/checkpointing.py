@@ -18,6 +18,8 @@ through :class:`BestCheckpoint`, which does not trust the file paths a checkpoin
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -74,6 +76,7 @@ class LastCheckpoint(pl.Callback):
         self.every_minutes = every_minutes
         self.saved_step: int | None = None
         self.interrupted_by_sigterm = False
+        self._sigterm = False
         self._last_time = time.monotonic()
 
     def _save(self, trainer: pl.Trainer) -> None:
@@ -88,10 +91,28 @@ class LastCheckpoint(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_time = time.monotonic()
         self.saved_step = trainer.global_step  # a resumed run's file already holds this step
+        self._sigterm = False
+        if trainer.world_size > 1 and threading.current_thread() is threading.main_thread():
+            # Lightning's handler runs a collective inside the signal handler, on the signalled
+            # rank only, so the ranks' collectives no longer pair up and the stop is lost. This
+            # one only notes the signal; the ranks agree on it after each step.
+            signal.signal(signal.SIGTERM, self._note_sigterm)
+
+    def _note_sigterm(self, signum: int, frame: object) -> None:
+        self._sigterm = True
+
+    def _stop_on_sigterm(self, trainer: pl.Trainer) -> None:
+        """Several ranks: any rank's SIGTERM stops every rank after the same step."""
+        flag = torch.tensor([float(self._sigterm)], device=trainer.strategy.root_device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if flag.item() > 0:
+            raise SIGTERMException()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object
     ) -> None:
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            self._stop_on_sigterm(trainer)
         step = trainer.global_step
         due = bool(self.every_n_steps) and step % self.every_n_steps == 0
         check_time = trainer.world_size == 1 or step % TIME_CHECK_EVERY == 0
