@@ -610,6 +610,7 @@ def test_predictions_on_a_full_disk_keep_the_old_file(tmp_path, capsys, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.hdf5"]
 
 
+@pytest.mark.slow  # two infer.py processes; the in-process full-disk test above runs by default
 def test_fault_injection_predictions_on_a_full_disk(trained, tiny_data_root, tmp_path):
     """``python -m benchmarks.fault_injection``'s predictions.hdf5 case, on the tiny run."""
     from benchmarks.fault_injection import case_predictions_disk_full
