@@ -201,6 +201,7 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.slow  # ~35-80 s; .ci/run runs it after `make test`
 def test_fsdp_two_gloo_processes_match_ddp_and_resume_under_either(tiny_data_root, tmp_path):
     """``trainer=fsdp_cpu`` (FSDP2, 2 gloo processes), stopped after 2 steps and resumed to 4,
     ends where an uninterrupted 4-step DDP run ends, and so does a DDP run resumed from the

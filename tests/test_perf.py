@@ -282,6 +282,7 @@ def test_compile_modes():
     assert model._compiled_call_impl is not None and list(model.state_dict()) == keys
 
 
+@pytest.mark.slow  # ~40 s of compilation; .ci/run runs it after `make test`
 @needs_cxx
 def test_whole_model_compile_matches_eager_inference():
     # inference took the in-place workspace path, which inductor mis-handled across graph breaks
