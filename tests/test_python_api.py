@@ -11,6 +11,7 @@ import torch
 
 import walrus
 from tests.conftest import REPO
+from tests.test_infer import TINY
 from walrus.checkpoint import atomic_torch_save, build_model
 from walrus.data.normalization import MeanStdNormalizer
 from walrus.data.vocab import FieldVocabulary
@@ -18,19 +19,6 @@ from walrus.data.well_file import read_trajectory
 from walrus.inference.loading import DEFAULT_SEED, InferenceCheckpoint, load_inference_checkpoint
 from walrus.metrics import RolloutMetrics
 
-TINY = {
-    "_target_": "walrus.model.walrus.Walrus",
-    "n_fields": 4,
-    "dim": 16,
-    "depth": 1,
-    "heads": 2,
-    "projection_dim": 8,
-    "intermediate_dim": 16,
-    "groups": 4,
-    "causal": True,
-    "jitter": True,
-    "drop_path": 0.0,
-}
 DATASET = "navier_stokes_2d"
 
 
