@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -18,6 +19,12 @@ from walrus.data.normalization import RMSNormalizer
 from walrus.errors import NonFiniteLossError
 from walrus.model.compile import compile_model
 from walrus.rollout import rollout
+from walrus.training.augment import (
+    PSEUDO_FIELDS,
+    build_symmetry,
+    check_field_dropout,
+    field_keep_mask,
+)
 from walrus.training.budget import TimeBudget
 from walrus.training.losses import LOSSES, normalized_loss
 from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_groups
@@ -65,6 +72,14 @@ class WalrusModule(pl.LightningModule):
             ``delta_scale / RMS(window deltas)``, i.e. measure it in units of the window's
             frame-to-frame change whatever the normaliser's delta unit (with
             ``RMSNormalizer(delta="state")`` slow and fast windows then count alike).
+        augment_symmetry: ``"none"`` or ``"d4"``: turn each training sample, inputs and targets
+            alike, by a random 90-degree rotation or reflection of the grid (rotations only
+            among axes of equal length), vector components and boundary conditions with it
+            (see :mod:`walrus.training.augment`).
+        augment_pseudo: fields whose sign also flips under a reflection (``vorticity``).
+        field_dropout: probability of zeroing each input field of a training sample for all
+            its input frames, after normalisation (so it reads as the normaliser's shift: 0
+            for RMS, the window mean for mean/std); never every field, targets untouched.
         compile: ``torch.compile`` in place (the state dict keeps its keys): ``false``,
             ``"blocks"`` (each processor block; ``true`` means this) or ``"model"`` (the whole
             forward, see :mod:`walrus.model.compile`).
@@ -91,6 +106,9 @@ class WalrusModule(pl.LightningModule):
         rollout_steps: int = 1,
         rollout_curriculum: float = 0.0,
         loss_weighting: str = "none",
+        augment_symmetry: str = "none",
+        augment_pseudo: Sequence[str] = PSEUDO_FIELDS,
+        field_dropout: float = 0.0,
         compile: bool | str = False,
         model_config: dict[str, Any] | None = None,
         vocab: dict[str, Any] | None = None,
@@ -138,6 +156,8 @@ class WalrusModule(pl.LightningModule):
         self.rollout_steps = 1 if rollout_mode == "one_step" else rollout_steps
         self.rollout_curriculum = rollout_curriculum
         self.loss_weighting = loss_weighting
+        self.symmetry = build_symmetry(augment_symmetry, augment_pseudo)
+        self.field_dropout = check_field_dropout(field_dropout)
         self.model_config = model_config or {}
         self.vocab = vocab or {}
         self.data_config = data_config or {}
@@ -245,6 +265,11 @@ class WalrusModule(pl.LightningModule):
         """Loss of a one-step, pushforward or unrolled prediction (see ``rollout_mode``)."""
         k = self.unroll_steps()
         self._check_frames(batch, k)
+        if self.training and self.symmetry is not None:
+            batch = self.symmetry(batch)  # one grid symmetry per sample, targets alike
+        keep = None
+        if self.training and self.field_dropout > 0:
+            keep = field_keep_mask(batch.input_fields, self.field_dropout)  # (B, 1, C, 1, ...)
         names = batch.metadata.get("field_names")
         frames = torch.cat([batch.input_fields, batch.output_fields], dim=1)  # (B, Ti+To, C, *S)
         window = batch.input_fields  # (B, Ti, C, *S)
@@ -253,6 +278,8 @@ class WalrusModule(pl.LightningModule):
             grad = j == k - 1 or self.rollout_mode == "unrolled"
             with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
                 x_n, target, stats = self._targets(window, frames, j, names, j == 0, cap)
+                if keep is not None:
+                    x_n = x_n * keep  # dropped fields read 0; targets stay as they are
                 if j == 0 and self.predict_delta:  # later steps: capped as in a rollout
                     cap = stats.delta_scale.detach()
                 pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
