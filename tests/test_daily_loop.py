@@ -18,7 +18,7 @@ from walrus.checkpoint import load_checkpoint_file
 from walrus.training.budget import TimeBudget
 from walrus.training.loggers import wandb_run_name
 from walrus.training.progress import ProgressBar
-from walrus.training.resume import resume_overrides
+from walrus.training.resume import config_changes, override_keys, resume_overrides
 from walrus.training.summary import job_prefix
 from walrus.training.train import train
 
@@ -413,3 +413,19 @@ def test_make_demo_deletes_only_folders_it_created(tmp_path):
     assert r.returncode != 0
     assert f"{mine} exists and was not created by make demo; not deleting it" in r.stdout
     assert (mine / "last.ckpt").read_text() == "precious"
+
+
+def test_resume_accepts_options_newer_than_the_run_at_their_default():
+    recorded = {"module": {"lr": 1.0}, "paths": {"output_dir": "/r"}}
+    current = {"module": {"lr": 1.0, "field_dropout": 0.0}, "paths": {"output_dir": "/r"}}
+    assert config_changes(recorded, current) == []
+    # set on this command line: a change the resume must refuse
+    given = override_keys(["module.field_dropout=0.0", "+x=1"])
+    assert given == ["module.field_dropout", "x"]
+    assert config_changes(recorded, current, given) == [
+        "module.field_dropout (run: '<unset>', now: 0.0)"
+    ]
+    # a changed recorded option is refused whatever the command line says
+    assert config_changes(recorded, {**current, "module": {"lr": 2.0}}) == [
+        "module.lr (run: 1.0, now: 2.0)"
+    ]

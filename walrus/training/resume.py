@@ -109,6 +109,11 @@ def read_record(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
     return out
 
 
+def override_keys(overrides: Iterable[str]) -> list[str]:
+    """The dotted keys a list of Hydra overrides sets (``+``/``++``/``~`` prefixes dropped)."""
+    return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+
+
 def _parse(overrides: Iterable[str], where: str) -> list[Any]:
     try:
         return OverridesParser.create().parse_overrides(list(overrides))
@@ -161,9 +166,15 @@ def _relocated(value: Any, run_dir: str) -> Any:
     return value
 
 
-def config_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def config_changes(
+    recorded: dict[str, Any], current: dict[str, Any], given: Iterable[str] = ()
+) -> list[str]:
     """Options (dotted) whose value differs between the recorded and current resolved configs,
-    leaving out those a resume may change; paths inside each run's folder compare alike."""
+    leaving out those a resume may change; paths inside each run's folder compare alike.
+
+    An option the recorded config lacks (added by a later version of this package) keeps its
+    default and is no change, unless this command line sets it (``given``: override keys)."""
+    given = set(given)
     old_dir = str((recorded.get("paths") or {}).get("output_dir") or "")
     new_dir = str((current.get("paths") or {}).get("output_dir") or "")
     old = {k: _relocated(v, old_dir) for k, v in _flatten(recorded).items()}
@@ -172,6 +183,8 @@ def config_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[st
     for key in sorted(set(old) | set(new)):
         if _free(key) or old.get(key, "<unset>") == new.get(key, "<unset>"):
             continue
+        if key not in old and not any(key == g or key.startswith(g + ".") for g in given):
+            continue  # an option newer than the run, at its default
         if key == "init_from" and new.get(key) is None:
             continue  # a fine-tune's recorded init_from: resuming does not need it again
         changed.append(
@@ -181,12 +194,16 @@ def config_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[st
 
 
 def check_resume_config(
-    recorded: dict[str, Any] | None, current: dict[str, Any], path: str
+    recorded: dict[str, Any] | None,
+    current: dict[str, Any],
+    path: str,
+    given: Iterable[str] = (),
 ) -> None:
-    """Raise ``ValueError`` naming every option a resume changed that it may not change."""
+    """Raise ``ValueError`` naming every option a resume changed that it may not change
+    (``given``: the keys this command line overrides, see :func:`config_changes`)."""
     if not recorded:
         return
-    changed = config_changes(recorded, current)
+    changed = config_changes(recorded, current, given)
     if changed:
         raise ValueError(
             f"resuming {path}: only {', '.join(STOP_OPTIONS)}, logging and the hardware options "

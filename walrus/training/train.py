@@ -50,6 +50,7 @@ from walrus.training.resume import (
     check_resume_config,
     new_wandb_id,
     read_record,
+    override_keys,
     resume_overrides,
 )
 from walrus.training.run_dir import run_dir_for
@@ -223,7 +224,8 @@ def _train(
     record = read_record(ckpt, source) if resuming else {}
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if resuming:
-        check_resume_config(record.get("config"), resolved, source)
+        given = override_keys(overrides or ())
+        check_resume_config(record.get("config"), resolved, source, given)
     finetuned = bool(cfg.get("init_from") or (record.get("config") or {}).get("init_from"))
 
     out_dir.mkdir(parents=True, exist_ok=True)
