@@ -49,8 +49,8 @@ from walrus.training.resume import (
     RunRecord,
     check_resume_config,
     new_wandb_id,
-    read_record,
     override_keys,
+    read_record,
     resume_overrides,
 )
 from walrus.training.run_dir import run_dir_for
