@@ -296,18 +296,32 @@ def parse_candidates(text: str) -> dict[str, list[str]]:
         name, sep, overrides = part.partition("=")
         if not sep or not name.strip() or name.strip() in out:
             raise argparse.ArgumentTypeError(f"{part!r} is not NAME=overrides with a new NAME")
-        out[name.strip()] = overrides.split()
+        try:
+            out[name.strip()] = check_overrides(name.strip(), overrides.split())
+        except h.BenchmarkError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return out
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.quality",
-        description="Ours vs an FNO vs persistence: chosen on valid, scored on test, over seeds.",
-    )
-    p.add_argument("--steps", type=int, help="budget: optimiser steps")
-    p.add_argument("--cpu-seconds", type=float, help="budget: CPU seconds of training")
-    p.add_argument("--seeds", type=_ints, default=[0], help="training seeds, e.g. 0,1,2")
+def check_overrides(name: str, overrides: Any) -> list[str]:
+    """``overrides`` as a list of plain Hydra ``key=value`` strings, or a one-line error.
+
+    Candidates may come from a file, so no interpolation (``${...}``) and no ``_target_`` key.
+    """
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise h.BenchmarkError(f"candidate {name!r}: overrides must be a list of strings")
+    for o in overrides:
+        key, sep, _ = o.partition("=")
+        if not sep or not key.strip("+~") or "${" in o or "_target_" in key:
+            raise h.BenchmarkError(
+                f"candidate {name!r}: {o!r} is not a plain key=value override "
+                "(no ${...} interpolation, no _target_)"
+            )
+    return overrides
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """The dataset options shared by the training benchmarks (read by :func:`dataset_refs`)."""
     p.add_argument("--systems", default=",".join(h.SYSTEMS), help="built-in systems, or 'none'")
     p.add_argument("--dataset", action="append", default=[], help="extra Well dataset dir")
     p.add_argument(
@@ -321,6 +335,35 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resolution", type=int, help="new built-in data: grid points per axis")
     p.add_argument("--frames", type=int, help="new built-in data: frames per trajectory")
     p.add_argument("--data-seed", type=int, default=0, help="built-in data generation seed")
+
+
+def dataset_refs(args: argparse.Namespace) -> list[h.DatasetRef]:
+    """The datasets :func:`add_data_args`' options name (built-in ones generated if missing)."""
+    systems = [] if args.systems == "none" else [s for s in args.systems.split(",") if s]
+    refs = [
+        h.builtin_dataset(
+            s, args.data_root, args.n_traj, args.resolution, args.frames, args.data_seed
+        )
+        for s in systems
+    ]
+    refs += [h.external_dataset(p) for p in args.dataset]
+    if not refs:
+        raise h.BenchmarkError("nothing to run: no --systems and no --dataset")
+    labels = [r.name for r in refs]
+    if len(set(labels)) != len(labels):
+        raise h.BenchmarkError(f"two datasets share a name: {labels}")
+    return refs
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.quality",
+        description="Ours vs an FNO vs persistence: chosen on valid, scored on test, over seeds.",
+    )
+    p.add_argument("--steps", type=int, help="budget: optimiser steps")
+    p.add_argument("--cpu-seconds", type=float, help="budget: CPU seconds of training")
+    p.add_argument("--seeds", type=_ints, default=[0], help="training seeds, e.g. 0,1,2")
+    add_data_args(p)
     p.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument(
         "--ours-candidates",
@@ -368,19 +411,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         raise h.BenchmarkError(f"--ours-ensemble must be >= 1, got {args.ours_ensemble}")
     if not args.no_fno and not fno_available():
         raise h.BenchmarkError(FNO_MISSING)
-    systems = [] if args.systems == "none" else [s for s in args.systems.split(",") if s]
-    refs = [
-        h.builtin_dataset(
-            s, args.data_root, args.n_traj, args.resolution, args.frames, args.data_seed
-        )
-        for s in systems
-    ]
-    refs += [h.external_dataset(p) for p in args.dataset]
-    if not refs:
-        raise h.BenchmarkError("nothing to run: no --systems and no --dataset")
-    labels = [r.name for r in refs]
-    if len(set(labels)) != len(labels):
-        raise h.BenchmarkError(f"two datasets share a name: {labels}")
+    refs = dataset_refs(args)
     fno = None
     if not args.no_fno:
         fno = FNOOptions(
