@@ -37,7 +37,7 @@ from torch import nn
 
 from benchmarks import harness as h
 from benchmarks.common import RESULTS_DIR, print_table
-from benchmarks.quality import _ints, add_data_args, check_overrides, dataset_refs, parse_candidates
+from benchmarks.quality import add_run_args, check_overrides, dataset_refs, parse_candidates
 from walrus.safe_yaml import load_yaml
 
 FORMAT = "model_sweep/1"
@@ -238,20 +238,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks.model_sweep",
         description="Candidates of our model at one CPU budget, ranked on validation rollouts.",
     )
-    p.add_argument("--cpu-seconds", type=float, help="budget: CPU seconds of training per run")
-    p.add_argument("--steps", type=int, help="budget in optimiser steps (smoke runs)")
+    add_run_args(p, "model_sweep")
     p.add_argument("--candidate", action="append", default=[], metavar="NAME=OVERRIDES")
     p.add_argument("--candidates", help="YAML/JSON file: name -> overrides")
-    p.add_argument("--seeds", type=_ints, default=[0], help="training seeds, e.g. 0,1,2")
-    add_data_args(p)
-    p.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--resume", action="store_true", help="skip runs already in the JSON")
-    p.add_argument("--probe-steps", type=int, default=10, help="CPU-budget probe steps")
-    p.add_argument("--eval-batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    p.add_argument("--work-dir", help="training runs (default: outputs/model_sweep/<start>)")
-    p.add_argument("--results-dir", help="default: benchmarks/results")
-    p.add_argument("--name", default="model_sweep", help="results file stem")
     return p
 
 

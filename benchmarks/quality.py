@@ -320,6 +320,21 @@ def check_overrides(name: str, overrides: Any) -> list[str]:
     return overrides
 
 
+def add_run_args(p: argparse.ArgumentParser, name: str) -> None:
+    """Options shared by the training benchmarks: budget, seeds, data, ours, threads, output."""
+    p.add_argument("--steps", type=int, help="budget: optimiser steps")
+    p.add_argument("--cpu-seconds", type=float, help="budget: CPU seconds of training")
+    p.add_argument("--seeds", type=_ints, default=[0], help="training seeds, e.g. 0,1,2")
+    add_data_args(p)
+    p.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--probe-steps", type=int, default=10, help="CPU-budget probe steps")
+    p.add_argument("--eval-batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--work-dir", help=f"training runs (default: outputs/{name}/<start time>)")
+    p.add_argument("--results-dir", help="default: benchmarks/results")
+    p.add_argument("--name", default=name, help="results file stem")
+
+
 def add_data_args(p: argparse.ArgumentParser) -> None:
     """The dataset options shared by the training benchmarks (read by :func:`dataset_refs`)."""
     p.add_argument("--systems", default=",".join(h.SYSTEMS), help="built-in systems, or 'none'")
@@ -360,11 +375,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks.quality",
         description="Ours vs an FNO vs persistence: chosen on valid, scored on test, over seeds.",
     )
-    p.add_argument("--steps", type=int, help="budget: optimiser steps")
-    p.add_argument("--cpu-seconds", type=float, help="budget: CPU seconds of training")
-    p.add_argument("--seeds", type=_ints, default=[0], help="training seeds, e.g. 0,1,2")
-    add_data_args(p)
-    p.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE")
+    add_run_args(p, "quality")
     p.add_argument(
         "--ours-candidates",
         type=parse_candidates,
@@ -384,12 +395,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fno-loss", choices=("mse", "mae"), default=FNOOptions.loss)
     p.add_argument("--fno-noise", type=float, help="FNO input noise (default: ours')")
     p.add_argument("--fno-noise-units", choices=("input_rms", "delta_rms"), default="input_rms")
-    p.add_argument("--probe-steps", type=int, default=10, help="CPU-budget probe steps")
-    p.add_argument("--eval-batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    p.add_argument("--work-dir", help="training runs (default: outputs/quality/<start time>)")
-    p.add_argument("--results-dir", default=None, help="default: benchmarks/results")
-    p.add_argument("--name", default="quality", help="results file stem")
     return p
 
 
