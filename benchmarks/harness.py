@@ -491,7 +491,8 @@ def evaluate(
         for n_out in sorted({t.output_fields.shape[1] for t in trajs[lo : lo + batch_size]}):
             group = [t for t in trajs[lo : lo + batch_size] if t.output_fields.shape[1] == n_out]
             batch = collate(group)
-            truth, last = batch.output_fields, batch.input_fields[:, -1]  # (B, n, C, *S)
+            truth = batch.output_fields  # (B, n_out, C, *S)
+            last = batch.input_fields[:, -1]  # (B, C, *S)
             for s, forecaster in forecasters.items():
                 for k, pred in enumerate(forecaster.rollout(batch, n_out)):  # pred (B, C, *S)
                     if not torch.isfinite(pred).all():

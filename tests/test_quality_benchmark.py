@@ -579,6 +579,20 @@ def test_fixed_delta_unit_keeps_the_first_windows_unit():
     torch.testing.assert_close(second.scale, RMSNormalizer().fit(b).scale)  # state refitted
 
 
+def test_fixed_unit_forecaster_restarts_with_each_rollout(gs_root):
+    from benchmarks.delta_cap import FixedDeltaUnit, FixedUnitForecaster
+
+    ds = WellDataset(gs_root, "gray_scott_2d", "train", 4, 0)
+    a, b = ds.trajectory(0), ds.trajectory(1)
+    fc = FixedUnitForecaster(ZeroDelta(), FixedDeltaUnit(RMSNormalizer()), cap_delta_unit=False)
+    assert len(list(fc.rollout(a, 2))) == 2
+    list(fc.rollout(b, 2))
+    # the unit of b's own context window, not the one a's rollout fixed
+    expected = RMSNormalizer().fit(b.input_fields).delta_scale
+    torch.testing.assert_close(fc.normalizer.first.delta_scale, expected)
+    assert not torch.equal(expected, RMSNormalizer().fit(a.input_fields).delta_scale)
+
+
 def test_benchmark_files_stay_small():
     for path in Path(h.__file__).parent.glob("*.py"):
         assert len(path.read_text().splitlines()) <= 520, path.name
