@@ -110,12 +110,13 @@ def run_system(
     load_before = os.getloadavg()
     out = Path(work_dir) / budget.label.replace(" ", "_") / ref.name
     trained: dict[str, list[h.Trained]] = {}
+    cfgs: dict[str, Any] = {}  # candidate -> its composed config (the same for every seed)
     valid: dict[str, list[float]] = {}
-    cfg = vocab = None
+    vocab = None
     for seed in seeds:
         for name, extra in candidates.items():
             log(f"[{budget.label}] {ref.name} seed {seed}: training ours ({name})")
-            t, cfg, vocab = h.train_ours(
+            t, cfgs[name], vocab = h.train_ours(
                 ref,
                 budget,
                 out / f"seed{seed}" / name,
@@ -126,12 +127,12 @@ def run_system(
             )
             trained.setdefault(name, []).append(t)
             log(f"  {t.info['steps']} steps, {t.info['cpu_s']:.1f} cpu-s")
-    data_kw = {
-        "n_steps_input": int(cfg.data.n_steps_input),
-        "time_stride": OmegaConf.to_container(cfg.data, resolve=True)["time_stride"],
-    }
 
-    def score_valid(name: str, models: list[h.Trained]) -> None:
+    def data_kw(cfg: Any) -> dict[str, Any]:
+        data = OmegaConf.to_container(cfg.data, resolve=True)
+        return {"n_steps_input": int(data["n_steps_input"]), "time_stride": data["time_stride"]}
+
+    def score_valid(name: str, models: list[h.Trained], cfg: Any) -> None:
         for t in models:
             res = h.evaluate(
                 ref,
@@ -139,13 +140,13 @@ def run_system(
                 split="valid",
                 vocab=vocab,
                 batch_size=eval_batch_size,
-                **data_kw,
+                **data_kw(cfg),
             )
             valid.setdefault(name, []).append(h.selection_score(res["models"][name]))
 
     if len(candidates) > 1:
         for name, models in trained.items():
-            score_valid(name, models)
+            score_valid(name, models, cfgs[name])
     chosen = (
         choose({n: valid[n] for n in candidates}) if len(candidates) > 1 else next(iter(candidates))
     )
@@ -157,6 +158,7 @@ def run_system(
         }
     }
 
+    cfg = cfgs[chosen]
     fno_models: list[h.Trained] = []
     if fno is not None:
         module_cfg = cfg.get("module", {})
@@ -180,12 +182,12 @@ def run_system(
                     options=opts,
                     probe_steps=probe_steps,
                     seed=seed,
-                    **data_kw,
+                    **data_kw(cfg),
                 )
                 widths.setdefault(f"fno{width}", []).append(t)
                 log(f"  {t.info['steps']} steps, {t.info['cpu_s']:.1f} cpu-s")
         for name, models in widths.items():
-            score_valid(name, models)
+            score_valid(name, models, cfg)
         best = choose({n: valid[n] for n in widths})
         selection["fno"] = {"valid_scores": {n: valid[n] for n in widths}, "chosen": best}
         fno_models = widths[best]
@@ -206,7 +208,7 @@ def run_system(
         if fno_models:
             forecasters["fno"], infos["fno"] = fno_models[i].forecaster, fno_models[i].info
         result = h.evaluate(
-            ref, forecasters, split="test", vocab=vocab, batch_size=eval_batch_size, **data_kw
+            ref, forecasters, split="test", vocab=vocab, batch_size=eval_batch_size, **data_kw(cfg)
         )
         for name, summary in result["models"].items():
             if name == "persistence" and i > 0:

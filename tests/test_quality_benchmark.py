@@ -286,6 +286,7 @@ def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsy
         f"--work-dir={tmp_path / 'work'}",
         f"--results-dir={tmp_path}",
         *[f"--ours-override={o}" for o in TINY_OURS],
+        "--ours-candidates=slow=optimizer.lr=1e-5;fast=optimizer.lr=1e-2",
         *(TINY_FNO if fno else ["--no-fno"]),
     ]
     q.main(argv)
@@ -315,6 +316,11 @@ def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsy
     assert ours["stats"]["rollout"]["2-10"]["mean"] == pytest.approx(np.mean(values))
     assert ours["stats"]["rollout"]["2-10"]["max"] == max(values)
     assert len(run["models"]["persistence"]["per_seed"]) == 1
+    picked = run["selection"]["ours"]
+    means = {k: np.mean(v) for k, v in picked["valid_scores"].items()}
+    assert set(means) == {"slow", "fast"} and picked["chosen"] == min(means, key=means.get)
+    lr = f"optimizer.lr={'1e-5' if picked['chosen'] == 'slow' else '1e-2'}"
+    assert all(s["train"]["overrides"][-1] == lr for s in ours["per_seed"])
     assert set(ours["stats"]["fidelity"]) == set(metrics.FIDELITY)
     if fno:
         sel = run["selection"]["fno"]
