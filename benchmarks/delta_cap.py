@@ -27,7 +27,8 @@ from typing import Any
 from torch import Tensor
 
 from benchmarks.common import print_table
-from benchmarks.harness import DatasetRef, Forecaster, evaluate, portable_path, save_result
+from benchmarks.harness import DatasetRef, Forecaster, evaluate
+from benchmarks.record import portable_path, save_result
 from walrus.data.batch import Batch
 from walrus.data.normalization import NormStats
 from walrus.inference.loading import load_inference_checkpoint

@@ -16,7 +16,7 @@
   ``walrus.metrics.RolloutMetrics`` as ``infer.py rollout`` does.
 
 Run records (commit, dirty flag and start time read when a run starts) and JSON without
-absolute paths come from :mod:`benchmarks.record`, re-exported here.
+absolute paths come from :mod:`benchmarks.record`.
 """
 
 from __future__ import annotations
@@ -38,14 +38,6 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor, nn
 
-from benchmarks.record import (  # noqa: F401  (re-exported: the harness is one import)
-    finish_record,
-    portable,
-    portable_path,
-    run_record,
-    save_result,
-    spread,
-)
 from walrus import metrics
 from walrus.data.batch import Batch, collate
 from walrus.data.vocab import FieldVocabulary
@@ -56,8 +48,6 @@ from walrus.rollout import ensemble_rollout, rollout
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
 SYSTEMS = ("navier_stokes_2d", "gray_scott_2d", "shallow_water_2d", "advection_diffusion_3d")
-# Fidelity measures reported per window (``walrus.metrics.FIDELITY``).
-FIDELITY = metrics.FIDELITY
 # Model selection scores the mean over fields of the rollout VRMSE over steps 1..SELECT_STEPS.
 SELECT_STEPS = 30
 
@@ -436,7 +426,7 @@ def _model_summary(
         },
         "fidelity": {
             m: windowed(block[m]["mean_over_fields"]["per_step"], skip_undefined=True)
-            for m in FIDELITY
+            for m in metrics.FIDELITY
         },
     }
 

@@ -38,6 +38,7 @@ from torch import nn
 from benchmarks import harness as h
 from benchmarks.common import RESULTS_DIR, print_table
 from benchmarks.quality import add_run_args, check_overrides, dataset_refs, parse_candidates
+from benchmarks.record import finish_record, run_record, save_result
 from walrus.safe_yaml import load_yaml
 
 FORMAT = "model_sweep/1"
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """Run (or resume) the sweep the parsed ``args`` describe; returns the JSON written."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    record = h.run_record(argv)
+    record = run_record(argv)
     if (args.cpu_seconds is None) == (args.steps is None):
         raise h.BenchmarkError("give one budget: --cpu-seconds S (or --steps N for a smoke run)")
     budget = (
@@ -224,10 +225,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                 )
                 result["run_wall_s"] = time.perf_counter() - t0
                 data["runs"].append(result)
-                data["records"][-1] = h.finish_record(record)
-                h.save_result(args.name, data, path.parent)
-    data["records"][-1] = h.finish_record(record)
-    h.save_result(args.name, data, path.parent)
+                data["records"][-1] = finish_record(record)
+                save_result(args.name, data, path.parent)
+    data["records"][-1] = finish_record(record)
+    save_result(args.name, data, path.parent)
     print_table(ranking(data["runs"]))
     print(f"wrote {path}")
     return data

@@ -49,6 +49,7 @@ from omegaconf import OmegaConf
 from benchmarks import harness as h
 from benchmarks.common import print_table
 from benchmarks.fno import FNO_MISSING, FNOOptions, fno_available, train_fno
+from benchmarks.record import finish_record, portable_path, run_record, save_result, spread
 
 FORMAT = "quality/2"
 DEFAULT_N_TRAJ = (24, 8, 8)
@@ -67,10 +68,10 @@ def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     windows = list(per_seed[0]["rollout"]["mean"])
     fidelity = per_seed[0]["fidelity"]
     return {
-        "one_step": h.spread([s["one_step"]["mean"] for s in per_seed]),
-        "rollout": {w: h.spread([s["rollout"]["mean"].get(w) for s in per_seed]) for w in windows},
+        "one_step": spread([s["one_step"]["mean"] for s in per_seed]),
+        "rollout": {w: spread([s["rollout"]["mean"].get(w) for s in per_seed]) for w in windows},
         "fidelity": {
-            m: {w: h.spread([s["fidelity"][m].get(w) for s in per_seed]) for w in fidelity[m]}
+            m: {w: spread([s["fidelity"][m].get(w) for s in per_seed]) for w in fidelity[m]}
             for m in fidelity
         },
     }
@@ -219,7 +220,7 @@ def run_system(
     models = {n: {"per_seed": s, "stats": aggregate(s)} for n, s in per_seed.items()}
     return {
         "system": ref.name,
-        "dataset": h.portable_path(ref.path),
+        "dataset": portable_path(ref.path),
         "budget": {"kind": budget.kind, "value": budget.value, "label": budget.label},
         "seeds": list(seeds),
         "selection": selection,
@@ -404,7 +405,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """Run the benchmark as the parsed CLI ``args`` describe; prints tables, writes the JSON."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    record = h.run_record(argv)
+    record = run_record(argv)
     budgets = []
     if args.steps is not None:
         budgets.append(h.Budget("steps", args.steps))
@@ -458,13 +459,13 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             runs.append(run_)
     data = {
         "format": FORMAT,
-        "record": h.finish_record(record),
+        "record": finish_record(record),
         "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()},
         "budgets": [{"kind": b.kind, "value": b.value, "label": b.label} for b in budgets],
         "runs": runs,
     }
     print_table(table_rows(runs))
-    path = h.save_result(args.name, data, args.results_dir)
+    path = save_result(args.name, data, args.results_dir)
     print(f"wrote {path}")
     return data
 
