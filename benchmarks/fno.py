@@ -22,6 +22,7 @@ Install: ``make baseline`` (neuraloperator and py-pde, torch pinned).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -223,7 +224,7 @@ def train_fno(
         torch.manual_seed(seed)
         return FNOForecaster(n_steps_input, len(ds.field_names), ds.spatial_shape, options)
 
-    info: dict[str, Any] = {"options": vars(options)}
+    info: dict[str, Any] = {"options": dataclasses.asdict(options)}
     seconds = None
     if budget.kind == "steps":
         total = int(budget.value)

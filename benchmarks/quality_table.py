@@ -105,7 +105,7 @@ def _seeded_rows(data: Mapping[str, Any]) -> list[list[str]]:
                 used = f"{steps:.0f} / {cpu:.0f}"
             label = model
             if model == "fno":
-                label = f"fno ({run['selection']['fno']['chosen']})"
+                label = f"fno, width {run['selection']['fno']['chosen'].removeprefix('fno')}"
             cells = [cell(st["one_step"]), *(cell(st["rollout"].get(w)) for w in WINDOWS)]
             out.append([*head, label, used, *cells])
         for other in ("fno", "persistence"):

@@ -489,7 +489,7 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
     lines = text.splitlines()
     ours = next(ln for ln in lines if "| ours |" in ln)
     assert "| 10 / 5 | 0.2 ± 0.02 | 0.2 ± 0.02 | 0.4 ± 0.04 | – | – | – |" in ours
-    assert "| 150 cpu-s | gs | fno (fno128) |" in text
+    assert "| 150 cpu-s | gs | fno, width 128 |" in text
     assert "| **ours / fno** |  | 0.5 | 0.5 | 0.5 | – |" in text
     assert "| **ours / persistence** |  | 0.2 | 0.2 | 0.2 | – |" in text
     sweep_rows = [ln for ln in lines if ln.startswith("| a |") or ln.startswith("| b |")]
