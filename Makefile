@@ -1,10 +1,12 @@
 # Two commands do all the setup: `make demo` and `make test`.
+# Targets: install, test, test-slow, lint, format, demo, clean; baseline (the quality
+# benchmark's extras, neuraloperator and py-pde, into the same venv with torch pinned).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow lint format demo demo-dir clean
+.PHONY: install baseline test test-slow lint format demo demo-dir clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +20,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The FNO baseline and py-pde for benchmarks/quality.py; the FNO test runs where this ran
+# (WALRUS_REQUIRE_BASELINE=1 makes a missing one a test failure, not a skip).
+baseline: install
+	$(PY) -m pip install -q -e '.[baseline]' torch==2.13.0
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -10,7 +10,9 @@ Rolls every test trajectory of the checkpoint's dataset out to its end, in these
 - ``capped+jitter``: capped, with inference jitter (seed 0).
 
 It prints windowed VRMSE per field against persistence and writes
-``benchmarks/results/<name>.json`` with the checkpoint's training config next to the figures.
+``benchmarks/results/<name>.json``: :func:`benchmarks.harness.evaluate`'s scores (one-step and
+windowed rollout VRMSE, fidelity measures) per mode. Modes are compared on the test split of a
+checkpoint already trained; nothing is chosen here.
 """
 
 from __future__ import annotations
@@ -18,19 +20,18 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from benchmarks.common import print_table, save_json
-from walrus import metrics
-from walrus.data.batch import collate
+from benchmarks.common import print_table
+from benchmarks.harness import DatasetRef, Forecaster, evaluate
+from benchmarks.record import portable_path, save_result
+from walrus.data.batch import Batch
 from walrus.data.normalization import NormStats
-from walrus.data.well_dataset import WellDataset
 from walrus.inference.loading import load_inference_checkpoint
-from walrus.rollout import rollout
 
 MODES = ("window", "capped", "fixed", "capped+jitter")
 
@@ -49,52 +50,46 @@ class FixedDeltaUnit:
         return stats
 
 
-def _windows(per_step: Tensor, names: Sequence[str]) -> dict[str, dict[str, float]]:
-    """``(S, C)`` per-step values -> field -> window -> mean."""
-    means = metrics.window_means(per_step)
-    return {f: {w: float(v[c]) for w, v in means.items()} for c, f in enumerate(names)}
+class FixedUnitForecaster(Forecaster):
+    """A forecaster with a :class:`FixedDeltaUnit` normaliser that restarts with each rollout."""
+
+    def rollout(self, batch: Batch, steps: int) -> Iterator[Tensor]:
+        """As :meth:`Forecaster.rollout`, with the unit of this batch's true context window."""
+        self.normalizer.first = None
+        yield from super().rollout(batch, steps)
+
+
+def forecasters(ckpt: Any) -> dict[str, Forecaster]:
+    """One :class:`~benchmarks.harness.Forecaster` per rollout mode of ``MODES``."""
+    out = {}
+    for mode in MODES:
+        fixed = mode == "fixed"
+        out[mode] = (FixedUnitForecaster if fixed else Forecaster)(
+            ckpt.model,
+            FixedDeltaUnit(ckpt.normalizer) if fixed else ckpt.normalizer,
+            ckpt.predict_delta,
+            jitter_seed=0 if mode.endswith("jitter") else None,
+            cap_delta_unit=mode not in ("window", "fixed"),
+        )
+    return out
 
 
 def run(ckpt_path: str, root: str | None, dataset: str | None) -> dict[str, Any]:
+    """Score every mode and persistence on the test split (:func:`benchmarks.harness.evaluate`)."""
     ckpt = load_inference_checkpoint(ckpt_path)
     data = ckpt.data_config
     root = root or data["root"]
     spec = dataset or data["datasets"][0]
     name = spec if isinstance(spec, str) else spec["name"]
-    ds = WellDataset(
-        root, name, "test", n_steps_input=data.get("n_steps_input", 4), vocab=ckpt.vocab
+    result = evaluate(
+        DatasetRef(Path(root), name),
+        forecasters(ckpt),
+        split="test",
+        n_steps_input=int(data.get("n_steps_input", 4)),
+        time_stride=data.get("time_stride", 1),
+        vocab=ckpt.vocab,
     )
-    batch = collate([ds.trajectory(i) for i in range(ds.n_trajectories)])
-    truth = batch.output_fields.float()  # (B, S, C, *sp)
-    steps = truth.shape[1]
-
-    def score(frames: Tensor) -> dict[str, dict[str, float]]:  # frames (B, S, C, *sp)
-        per_step = torch.stack(
-            [metrics.vrmse(frames[:, s], truth[:, s]).mean(0) for s in range(steps)]
-        )
-        return _windows(torch.nan_to_num(per_step, nan=float("inf")), ds.field_names)
-
-    last = batch.input_fields[:, -1:].float().expand_as(truth)  # (B, S, C, *sp)
-    results = {"persistence": score(last)}
-    for mode in MODES:
-        kwargs: dict[str, Any] = {"normalizer": ckpt.normalizer, "check_finite": False}
-        if mode == "window":
-            kwargs["cap_delta_unit"] = False
-        elif mode == "fixed":
-            kwargs["normalizer"] = FixedDeltaUnit(ckpt.normalizer)
-            kwargs["cap_delta_unit"] = False
-        if mode.endswith("jitter"):
-            kwargs["jitter_seed"] = 0
-        preds = rollout(ckpt.model, batch, steps, predict_delta=ckpt.predict_delta, **kwargs)
-        results[mode] = score(torch.stack(list(preds), dim=1))
-    return {
-        "checkpoint": str(ckpt_path),
-        "dataset": name,
-        "test_trajectories": ds.n_trajectories,
-        "rollout_steps": steps,
-        "fields": list(ds.field_names),
-        "results": results,
-    }
+    return {"checkpoint": portable_path(ckpt_path), "dataset": name, **result}
 
 
 def main() -> None:
@@ -108,12 +103,12 @@ def main() -> None:
     out = run(args.ckpt, args.root, args.dataset)
     out["loadavg_before"], out["wall_s"] = list(load), time.perf_counter() - t0
     rows = [
-        {"mode": mode, "field": f, **out["results"][mode][f]}
+        {"mode": mode, "field": f, **out["models"][mode]["rollout"]["per_field"][f]}
         for mode in ("persistence", *MODES)
         for f in out["fields"]
     ]
     print_table(rows)
-    print(f"wrote {save_json(args.name, out)}")
+    print(f"wrote {save_result(args.name, out)}")
 
 
 if __name__ == "__main__":

@@ -1,29 +1,64 @@
-"""Render ``benchmarks/results/quality*.json`` as the Markdown table in the README.
+"""Render the quality and model-sweep JSON as the README's Markdown tables.
 
-``python -m benchmarks.quality_table [FILE ...]`` (default: every ``quality*.json`` result).
-Rows: one per budget, dataset and model (mean over fields), with the one-step VRMSE, the
-windowed rollout VRMSE, and the steps and CPU seconds training used; plus ours/FNO ratios.
+``python -m benchmarks.quality_table [FILE ...] [--sweep FILE] [--write-readme]``
+
+- Quality files (default: every ``benchmarks/results/quality*.json``): one row per budget,
+  dataset and model with the steps and CPU seconds training used, the one-step VRMSE and the
+  windowed rollout VRMSE (mean over fields). Files written by ``benchmarks.quality`` with seeds
+  (``format: quality/2``) show ``mean ± std`` over seeds and the ratios of the means of ours to
+  the FNO's and to persistence's; older single-seed files show plain values and ours / FNO.
+- The sweep file (default ``benchmarks/results/model_sweep.json`` when it exists): one row per
+  candidate, ranked as ``benchmarks.model_sweep`` ranks them.
+
+Without ``--write-readme`` the tables are printed. With it, the text between
+``<!-- quality-table:start -->`` and ``<!-- quality-table:end -->`` in README.md (and between the
+``sweep-table`` markers, when a sweep file is rendered) is replaced, so the README's numbers come
+from the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR
+from benchmarks.model_sweep import ranking
+from walrus.atomic import atomic_path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+WINDOWS = ("1", "2-10", "11-30", "31-60", "61+")
+HEAD = [
+    "budget",
+    "data",
+    "model",
+    "steps / CPU-s",
+    "one-step",
+    "1",
+    "2–10",
+    "11–30",
+    "31–60",
+    "61+",
+]
 
 
 def _fmt(v: Any) -> str:
     return "–" if v is None else f"{v:.3g}"
 
 
-def rows(data: dict[str, Any]) -> list[list[str]]:
-    """Markdown cells per budget / dataset / model, and an ``ours / fno`` ratio row."""
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def rows(data: Mapping[str, Any]) -> list[list[str]]:
+    """Markdown cells per budget / dataset / model (mean over fields), and ratio rows."""
+    if data.get("format") == "quality/2":
+        return _seeded_rows(data)
     out = []
     for run in data["runs"]:
-        wins = run["windows"]
         models = run["models"]
         name = Path(run["dataset"]).name
         for model in ("ours", "fno", "persistence"):
@@ -33,45 +68,130 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
             train = m.get("train", {})
             used = f"{train['steps']} / {train['cpu_s']:.0f}" if train else ""
             cells = [_fmt(m["one_step"]["mean"])] + [
-                _fmt(m["rollout"]["mean"].get(w)) for w in wins
+                _fmt(m["rollout"]["mean"].get(w)) for w in WINDOWS
             ]
             out.append([run["budget"]["label"], name, model, used, *cells])
         if "ours" in models and "fno" in models:
             a, b = models["ours"], models["fno"]
-            ratio = [a["one_step"]["mean"] / b["one_step"]["mean"]]
-            for w in wins:
-                x, y = a["rollout"]["mean"].get(w), b["rollout"]["mean"].get(w)
-                ratio.append(None if x is None or not y else x / y)
+            ratio = [_ratio(a["one_step"]["mean"], b["one_step"]["mean"])]
+            for w in WINDOWS:
+                ratio.append(_ratio(a["rollout"]["mean"].get(w), b["rollout"]["mean"].get(w)))
             out.append([run["budget"]["label"], name, "**ours / fno**", "", *map(_fmt, ratio)])
     return out
 
 
-def markdown(files: list[Path]) -> str:
-    head = [
-        "budget",
-        "data",
-        "model",
-        "steps / CPU-s",
-        "one-step",
-        "1",
-        "2–10",
-        "11–30",
-        "31–60",
-        "61+",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+def _seeded_rows(data: Mapping[str, Any]) -> list[list[str]]:
+    """Rows of a ``quality/2`` file: ``mean ± std`` over seeds, ratios of means."""
+
+    def cell(st: Mapping[str, Any] | None) -> str:
+        if st is None or st["mean"] is None:
+            return "–"
+        return f"{st['mean']:.3g} ± {st['std']:.2g}" if st["n"] > 1 else f"{st['mean']:.3g}"
+
+    def means(st: Mapping[str, Any]) -> list[float | None]:
+        return [st["one_step"]["mean"], *(st["rollout"].get(w, {}).get("mean") for w in WINDOWS)]
+
+    out = []
+    for run in data["runs"]:
+        head = [run["budget"]["label"], Path(run["dataset"]).name]
+        models = run["models"]
+        for model, res in models.items():
+            st = res["stats"]
+            trained = [s["train"] for s in res["per_seed"] if "train" in s]
+            used = ""
+            if trained:
+                steps = sum(t["steps"] for t in trained) / len(trained)
+                cpu = sum(t["cpu_s"] for t in trained) / len(trained)
+                used = f"{steps:.0f} / {cpu:.0f}"
+            label = model
+            if model == "fno":
+                label = f"fno, width {run['selection']['fno']['chosen'].removeprefix('fno')}"
+            cells = [cell(st["one_step"]), *(cell(st["rollout"].get(w)) for w in WINDOWS)]
+            out.append([*head, label, used, *cells])
+        for other in ("fno", "persistence"):
+            if "ours" in models and other in models:
+                ours, ref = means(models["ours"]["stats"]), means(models[other]["stats"])
+                cells = [_fmt(_ratio(a, b)) for a, b in zip(ours, ref)]
+                out.append([*head, f"**ours / {other}**", "", *cells])
+    return out
+
+
+def markdown(files: Sequence[Path]) -> str:
+    """The quality table of ``files``."""
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     for path in files:
-        for cells in rows(json.loads(path.read_text())):
+        for cells in rows(json.loads(Path(path).read_text())):
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def main() -> None:
+def sweep_markdown(data: Mapping[str, Any]) -> str:
+    """The sweep's ranking as a Markdown table, with its budget and split."""
+    ranked = ranking(data["runs"])
+    if not ranked:
+        return f"(no finished runs in the sweep at {data['budget']['label']})"
+    cols = list(ranked[0])
+    lines = [
+        f"Budget {data['budget']['label']} per run, scored on the {data['split']} split.",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
+    for r in ranked:
+        cells = [
+            v if isinstance(v, str) else str(v) if isinstance(v, int) else _fmt(v)
+            for v in r.values()
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def replace_between(text: str, marker: str, body: str, source: str = "README.md") -> str:
+    """``text`` with what lies between ``<!-- {marker}:start -->`` and ``:end -->`` replaced."""
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i or text.count(start) != 1 or text.count(end) != 1:
+        raise ValueError(f"{source}: needs exactly one {start} followed by one {end}")
+    return f"{text[: i + len(start)]}\n{body}\n{text[j:]}"
+
+
+def write_readme(quality: Sequence[Path], sweep: Path | None = None, readme: Path = README) -> Path:
+    """Replace the marked tables of ``readme`` (atomically) with those rendered from the JSON."""
+    text = replace_between(readme.read_text(), "quality-table", markdown(quality), readme.name)
+    if sweep is not None:
+        body = sweep_markdown(json.loads(sweep.read_text()))
+        text = replace_between(text, "sweep-table", body, readme.name)
+    with atomic_path(readme) as tmp:
+        tmp.write_text(text)
+    return readme
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """CLI entry point; a missing file or marker exits 2 with a one-line message."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", type=Path)
-    args = parser.parse_args()
+    parser.add_argument("files", nargs="*", type=Path, help="quality JSON files")
+    parser.add_argument("--sweep", type=Path, help="model sweep JSON")
+    parser.add_argument("--write-readme", action="store_true", help="update README.md's tables")
+    parser.add_argument("--readme", type=Path, default=README, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
     files = args.files or sorted(RESULTS_DIR.glob("quality*.json"))
-    print(markdown(files))
+    sweep = args.sweep
+    if sweep is None and (RESULTS_DIR / "model_sweep.json").is_file():
+        sweep = RESULTS_DIR / "model_sweep.json"
+    try:
+        if args.write_readme:
+            print(f"wrote {write_readme(files, sweep, args.readme)}")
+            return
+        print(markdown(files))
+        if sweep is not None:
+            print()
+            print(sweep_markdown(json.loads(sweep.read_text())))
+    except (OSError, ValueError) as e:
+        print(f"benchmarks.quality_table: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyError as e:
+        print(f"benchmarks.quality_table: a result file lacks the field {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
