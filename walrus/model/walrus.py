@@ -151,8 +151,8 @@ class Walrus(nn.Module):
         starts near the identity; layer scales at ``layer_scale_init``. Field embedding: std
         ``1 / sqrt(n_fields)`` (unit-variance output with the ``sqrt(n_fields / C)`` rescale).
         Convs (and the patch form's weights): std ``1 / sqrt(fan_in)`` (a transposed conv's
-        fan-in counts the inputs reaching one output), except the decoder's field rows (std 0.02: predictions
-        start near zero delta). Norms: ones (and zero LayerNorm bias). ``encoder_dummy``
+        fan-in counts the inputs reaching one output), except the decoder's field rows (std
+        0.02: predictions start near zero delta). Norms: ones (and zero LayerNorm bias). ``encoder_dummy``
         (current official layout): one.
         """
         small = 0.02 / math.sqrt(2 * self.depth)
