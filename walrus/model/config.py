@@ -36,13 +36,14 @@ _INTS = {
 }
 _FLOATS = {"mlp_ratio", "drop_path", "input_drop", "layer_scale_init", "rope_max_freq"}
 _BOOLS = {"causal", "jitter", "latent_roll", "grad_checkpointing", "fused"}
-_STRS = {"temporal_kernel", "spatial_kernel", "compat"}
+_STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder"}
 _INT_LISTS = {"kernel_sizes": 2, "target_latent": 3, "include_d": None, "flag_fields": 3}
 _PAIR_LISTS = {"stride_options", "strides"}
 _OPTIONAL = {"intermediate_dim", "strides", "compat"}
 # largest size accepted for any int option or derived width (PyTorch indexes with int64, and
 # no real model comes near it); floats must be finite
 MAX_SIZE = 2**31 - 1
+ENCODERS = ("conv", "patch")
 
 
 def _short(value: Any) -> str:
@@ -141,17 +142,19 @@ class WalrusConfig:
         depth: number of processor blocks.
         heads: attention heads (must divide ``dim``; head dim even and >= 8).
         projection_dim: field embedding width P.
-        intermediate_dim: width between the two encoder/decoder convs (default ``dim // 4``).
+        intermediate_dim: width between the two encoder/decoder stages (default ``dim // 4``).
         mlp_ratio: feed-forward width before the SwiGLU gate, as a multiple of ``dim``.
         causal: causal time attention; the output then has one prediction per input frame.
             Otherwise only the last frame's prediction is returned.
         n_spatial_max: most spatial axes accepted (at most 3).
         groups: RMS group norm groups (must divide ``dim``, ``intermediate_dim``).
-        kernel_sizes: ``(k1, k2)`` kernels of the two encoder convs.
-        stride_options: candidate ``(s1, s2)`` strides for stride modulation.
-        target_latent: wanted latent tokens per axis for data with 1, 2 and 3 non-trivial axes.
+        kernel_sizes: ``(k1, k2)`` kernels of the two encoder convs; with ``encoder="patch"``
+            also the strides (the latent has ``ceil(size / (k1 * k2))`` tokens per axis).
+        stride_options: candidate ``(s1, s2)`` strides for stride modulation (conv encoder).
+        target_latent: wanted latent tokens per axis for data with 1, 2 and 3 non-trivial axes
+            (conv encoder).
         strides: explicit strides instead of stride modulation: one ``(s1, s2)`` pair for every
-            axis, or one pair per spatial axis.
+            axis, or one pair per spatial axis (conv encoder only).
         include_d: data dimensionalities that get their own encoder/decoder; data of dimension
             d uses the smallest included value >= d. Training derives it from the data when the
             model config leaves it out; fine-tuning grows it (:meth:`Walrus.grow_dims`).
@@ -174,6 +177,10 @@ class WalrusConfig:
         flag_fields: with the current official profile, the vocabulary ids of the three
             appended channels (ones, wall flag, open flag); the batch's fields may not use them.
         fused: processor blocks run their fused forward (same results in fewer passes).
+        encoder: ``"conv"``: overlapping strided convs with 3D kernels shared by every
+            dimensionality, and stride modulation (the default, and the official layout);
+            ``"patch"``: non-overlapping patches (kernel = stride) run as GEMMs, with weights for
+            each included dimensionality only (this project's profile only).
     """
 
     # Options a fine-tune (``init_from=``) or a resumed run may take from the current config;
@@ -215,6 +222,7 @@ class WalrusConfig:
     compat: str | None = None
     flag_fields: tuple[int, int, int] = (2, 0, 1)
     fused: bool = True
+    encoder: str = "conv"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -268,9 +276,16 @@ class WalrusConfig:
                 )
         if min(self.kernel_sizes) < 1:
             raise ValueError(f"kernel_sizes must be positive, got {self.kernel_sizes}")
-        for s1, s2 in self.stride_options + (self.strides or ()):
-            if s1 > self.kernel_sizes[0] or s2 > self.kernel_sizes[1]:
-                raise ValueError(f"stride ({s1}, {s2}) exceeds kernel_sizes {self.kernel_sizes}")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"encoder={self.encoder!r} is not known; expected one of {ENCODERS}")
+        if self.encoder == "patch":
+            self._check_patch()
+        else:
+            for s1, s2 in self.stride_options + (self.strides or ()):
+                if s1 > self.kernel_sizes[0] or s2 > self.kernel_sizes[1]:
+                    raise ValueError(
+                        f"stride ({s1}, {s2}) exceeds kernel_sizes {self.kernel_sizes}"
+                    )
         if min(self.target_latent) < 1:
             raise ValueError(f"target_latent must be positive, got {self.target_latent}")
         if not self.include_d or not set(self.include_d) <= {1, 2, 3}:
@@ -288,6 +303,18 @@ class WalrusConfig:
             raise ValueError(
                 f"flag_fields must be 3 distinct vocabulary ids in [0, {self.n_fields}), "
                 f"got {list(self.flag_fields)}"
+            )
+
+    def _check_patch(self) -> None:
+        """Constraints of ``encoder="patch"`` (the others are checked before)."""
+        if self.compat is not None:
+            raise ValueError(
+                f"encoder='patch' is not available with compat={self.compat!r}: the official "
+                "profiles use the conv encoder"
+            )
+        if self.strides is not None:
+            raise ValueError(
+                "strides does not apply to encoder='patch': its kernel_sizes are the strides"
             )
 
     @property

@@ -1,4 +1,4 @@
-"""hMLP encoder and decoder with stride modulation.
+"""hMLP encoders and decoders: the conv form with stride modulation, and the patch form.
 
 The encoder is two strided convolutions (norm + SiLU after each); the decoder mirrors it with
 transposed convolutions. Kernels are stored 3D, ``(k, k, k)``. Only the spatial axes longer
@@ -14,6 +14,10 @@ The current official layout has no separate field embedding:
 :class:`FieldEncoder`'s first conv takes the raw fields plus three boundary flag channels,
 with one input column per vocabulary field. Its decoder wraps periodic axes around before each
 transposed conv (:attr:`Decoder.periodic_wrap`).
+
+The patch form (:class:`PatchEncoder`, :class:`PatchDecoder`, ``encoder="patch"``) uses
+kernel = stride: non-overlapping patches, weights only for the dimensionality they serve,
+computed as reshapes and matrix products (this project's profile only).
 """
 
 from __future__ import annotations
@@ -296,3 +300,146 @@ class Decoder(nn.Module):
             if pad:
                 y = y.narrow(2 + i, pad * s, y.shape[2 + i] - 2 * pad * s)
         return y
+
+
+# ---------------------------------------------------------------------- patch form (kernel = stride)
+
+CONV_ND = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+CONV_T_ND = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
+
+
+def _patch_kernel(w: Tensor, active: Sequence[bool]) -> Tensor:
+    """A ``(O, I, *[k] * d)`` kernel summed over the axes ``active`` (length d) marks absent."""
+    return _squeeze_kernel(w, list(active), "sum")
+
+
+class PatchEncoder(nn.Module):
+    """Two non-overlapping patch stages (kernel = stride) with RMS group norm and SiLU, as GEMMs.
+
+    Stage 1 is ``Linear(P * s1^d -> inter)`` on each ``s1^d`` patch, stage 2
+    ``Linear(inter * s2^d -> dim)`` on each ``s2^d`` patch of stage-1 tokens: the same map as
+    two convs with kernel = stride, whose layout the weights keep (``proj1`` / ``proj2`` are
+    ``Conv{d}d`` modules holding the weights; their forward is not used). The input is
+    rearranged once so that both stages are plain matrix products over contiguous rows.
+    Data with fewer axes than ``d`` (axes of one point dropped) sums the kernel over the
+    missing axes, like :class:`Encoder`.
+
+    Args:
+        proj_dim: input channels P (field embedding width).
+        inter_dim: channels between the stages.
+        dim: output channels (processor width).
+        kernels: ``(s1, s2)`` patch sizes (kernels and strides) of the two stages.
+        n_dims: data dimensionality d the weights are for (1-3).
+        groups: norm groups.
+        norm_eps: added to the norms' mean square.
+    """
+
+    def __init__(
+        self,
+        proj_dim: int,
+        inter_dim: int,
+        dim: int,
+        kernels: tuple[int, int],
+        n_dims: int,
+        groups: int,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        s1, s2 = kernels
+        self.kernels, self.n_dims = (s1, s2), n_dims
+        conv = CONV_ND[n_dims]
+        self.proj1 = conv(proj_dim, inter_dim, s1, stride=s1, bias=False)
+        self.norm1 = RMSGroupNorm(inter_dim, groups, norm_eps, channels_last=True)
+        self.proj2 = conv(inter_dim, dim, s2, stride=s2, bias=False)
+        self.norm2 = RMSGroupNorm(dim, groups, norm_eps, channels_last=True)
+
+    def forward(self, x: Tensor, active: Sequence[bool]) -> Tensor:
+        """Encode.
+
+        Args:
+            x: ``(N, P, *padded)`` over the k active axes; each padded length a multiple of
+                ``s1 * s2``.
+            active: per axis of the weights (at least ``d`` entries), whether it is present.
+
+        Returns:
+            ``(N, dim, *latent)`` with ``latent = padded // (s1 * s2)``: a channels-last
+            tensor seen through ``movedim`` (``movedim(1, -1)`` of it is contiguous).
+        """
+        (s1, s2), (n, p), k = self.kernels, x.shape[:2], x.ndim - 2
+        grid = [length // (s1 * s2) for length in x.shape[2:]]
+        act = active[: self.n_dims]
+        # (N, P, g1, s2, s1, g2, s2, s1, ...) -> (N, *g, *[s2] * k, P, *[s1] * k)
+        x = x.reshape(n, p, *[v for g in grid for v in (g, s2, s1)])
+        perm = [0, *(2 + 3 * i for i in range(k)), *(3 + 3 * i for i in range(k)), 1]
+        x = x.permute(*perm, *(4 + 3 * i for i in range(k)))
+        x = x.reshape(-1, p * s1**k)  # (N * G * s2^k, P * s1^k) contiguous
+        w1 = _patch_kernel(self.proj1.weight, act).reshape(self.proj1.out_channels, -1)
+        h = x @ w1.t()  # (N * G * s2^k, inter)
+        h = F.silu(self.norm1(h.view(n, -1, h.shape[-1])))  # (N, G * s2^k, inter)
+        # stage 2 input per latent token: its s2^k stage-1 tokens, channels last
+        w2 = _patch_kernel(self.proj2.weight, act)  # (dim, inter, *[s2] * k)
+        w2 = w2.permute(0, *range(2, 2 + k), 1).reshape(w2.shape[0], -1)  # (dim, s2^k * inter)
+        z = h.view(-1, w2.shape[1]) @ w2.t()  # (N * G, dim)
+        z = F.silu(self.norm2(z.view(n, -1, z.shape[-1])))  # (N, G, dim)
+        return z.view(n, *grid, -1).movedim(-1, 1)  # (N, dim, *grid)
+
+
+class PatchDecoder(nn.Module):
+    """Mirror of :class:`PatchEncoder`: ``dim -> inter * s2^d`` (norm, SiLU), then
+    ``inter -> n_fields * s1^d`` with one row block and bias per vocabulary field; only the
+    batch's fields are computed. The weights keep the layout of transposed convs with
+    kernel = stride (``ConvTranspose{d}d`` modules hold them); the output is rearranged once.
+
+    Args:
+        dim, inter_dim, kernels, n_dims, groups, norm_eps: as :class:`PatchEncoder`.
+        n_fields: vocabulary size.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        inter_dim: int,
+        n_fields: int,
+        kernels: tuple[int, int],
+        n_dims: int,
+        groups: int,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        s1, s2 = kernels
+        self.kernels, self.n_dims = (s1, s2), n_dims
+        conv_t = CONV_T_ND[n_dims]
+        self.proj1 = conv_t(dim, inter_dim, s2, stride=s2, bias=False)
+        self.norm1 = RMSGroupNorm(inter_dim, groups, norm_eps, channels_last=True)
+        self.proj2 = conv_t(inter_dim, n_fields, s1, stride=s1)
+
+    def forward(self, x: Tensor, fields: Tensor, active: Sequence[bool]) -> Tensor:
+        """Decode.
+
+        Args:
+            x: ``(N, dim, *latent)`` over the k active axes (best a channels-last tensor seen
+                through ``movedim``, as :class:`PatchEncoder` returns: then no copy is made).
+            fields: ``(C,)`` long vocabulary ids on the weight's device.
+            active: per axis of the weights (at least ``d`` entries), whether it is present.
+
+        Returns:
+            ``(N, C, *padded)`` with ``padded = latent * s1 * s2``.
+        """
+        (s1, s2), n, k = self.kernels, x.shape[0], x.ndim - 2
+        grid = list(x.shape[2:])
+        act = active[: self.n_dims]
+        z = x.movedim(1, -1).reshape(-1, x.shape[1])  # (N * G, dim)
+        w1 = _patch_kernel(self.proj1.weight, act)  # (dim, inter, *[s2] * k)
+        inter = w1.shape[1]
+        w1 = w1.permute(0, *range(2, 2 + k), 1).reshape(w1.shape[0], -1)  # (dim, s2^k * inter)
+        h = (z @ w1).view(n, -1, inter)  # (N, G * s2^k, inter)
+        h = F.silu(self.norm1(h)).view(-1, inter)  # (N * G * s2^k, inter)
+        w2 = _patch_kernel(self.proj2.weight[:, fields], act)  # (inter, C, *[s1] * k)
+        c = w2.shape[1]
+        bias = self.proj2.bias[fields].repeat_interleave(s1**k)  # (C * s1^k,)
+        y = torch.addmm(bias, h, w2.reshape(inter, -1))  # (N * G * s2^k, C * s1^k)
+        # (N, *g, *[s2] * k, C, *[s1] * k) -> (N, C, g1, s2, s1, g2, s2, s1, ...)
+        y = y.view(n, *grid, *[s2] * k, c, *[s1] * k)
+        perm = [v for i in range(k) for v in (1 + i, 1 + k + i, 2 + 2 * k + i)]
+        y = y.permute(0, 1 + 2 * k, *perm)
+        return y.reshape(n, c, *[g * s1 * s2 for g in grid])

@@ -169,7 +169,11 @@ def pad_axes(x: Tensor, plans: list[AxisPlan]) -> Tensor:
     for i, p in enumerate(plans):
         ax = 2 + i
         n = x.shape[ax]
-        if p.periodic:
+        if p.periodic and max(p.lo, p.hi) <= n:  # roll and wrap by copies (no gather)
+            x = torch.roll(x, p.shift, dims=ax) if p.shift % n else x
+            if p.lo or p.hi:
+                x = torch.cat([x.narrow(ax, n - p.lo, p.lo), x, x.narrow(ax, 0, p.hi)], ax)
+        elif p.periodic:  # wraps around more than once
             idx = (torch.arange(-p.lo, n + p.hi, device=x.device) - p.shift) % n
             x = x.index_select(ax, idx)
         else:

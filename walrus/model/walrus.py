@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from walrus.bcs import BoundaryType
 from walrus.model.blocks import ProcessorBlock, SpatialAttention, TemporalAttention
 from walrus.model.config import WalrusConfig
-from walrus.model.encoder import Decoder, Encoder, FieldEncoder
+from walrus.model.encoder import Decoder, Encoder, FieldEncoder, PatchDecoder, PatchEncoder
 from walrus.model.fast_blocks import run_processor
 from walrus.model.field_embedding import FieldEmbedding
 from walrus.model.jitter import AxisPlan, JitterDraws, PatchJitterer, RecordedDraws, flag_jitter
@@ -74,6 +74,7 @@ class Walrus(nn.Module):
         )
         self.n_spatial_max, self.jitter, self.groups = cfg.n_spatial_max, cfg.jitter, groups
         self.latent_roll, self.flag_fields = cfg.latent_roll, cfg.flag_fields
+        self.patch = cfg.encoder == "patch"
         self.layer_scale_init = cfg.layer_scale_init if profile.layer_scale else None
         self._draws: RecordedDraws | None = None
 
@@ -89,7 +90,7 @@ class Walrus(nn.Module):
             )
             self.patch_jitterer = PatchJitterer(cfg.projection_dim)
         # one encoder/decoder set per included data dimensionality
-        self.embed = nn.ModuleDict({str(d): self._new_encoder() for d in self.include_d})
+        self.embed = nn.ModuleDict({str(d): self._new_encoder(d) for d in self.include_d})
         rates = [cfg.drop_path * i / max(depth - 1, 1) for i in range(depth)]
         self.fused = cfg.fused
         block_groups = norm_groups or dim
@@ -121,7 +122,7 @@ class Walrus(nn.Module):
             )
             for r in rates
         )
-        self.debed = nn.ModuleDict({str(d): self._new_decoder() for d in self.include_d})
+        self.debed = nn.ModuleDict({str(d): self._new_decoder(d) for d in self.include_d})
         self.rope = AxialRoPE(dim // heads, cfg.rope_max_freq)
         self.initialize_weights()
 
@@ -149,8 +150,9 @@ class Walrus(nn.Module):
         (``output_head``, ``attn_out``, ``ff_out``) std ``0.02 / sqrt(2 * depth)`` so a deep stack
         starts near the identity; layer scales at ``layer_scale_init``. Field embedding: std
         ``1 / sqrt(n_fields)`` (unit-variance output with the ``sqrt(n_fields / C)`` rescale).
-        Convs: std ``1 / sqrt(fan_in)``, except the decoder's field rows (std 0.02: predictions
-        start near zero delta). Norms: ones (and zero LayerNorm bias). ``encoder_dummy``
+        Convs (and the patch form's weights): std ``1 / sqrt(fan_in)`` (a transposed conv's
+        fan-in counts the inputs reaching one output), except the decoder's field rows (std
+        0.02: predictions start near zero delta). Norms: ones (and zero LayerNorm bias). ``encoder_dummy``
         (current official layout): one.
         """
         small = 0.02 / math.sqrt(2 * self.depth)
@@ -170,18 +172,23 @@ class Walrus(nn.Module):
         for dec in self.debed.values():
             nn.init.trunc_normal_(dec.proj2.weight, std=0.02, a=-0.04, b=0.04)
 
-    def _new_encoder(self) -> Encoder:
-        """A fresh (uninitialised) encoder for one data dimensionality."""
+    def _new_encoder(self, n_dims: int) -> Encoder | PatchEncoder:
+        """A fresh (uninitialised) encoder for ``n_dims``-D data."""
         cfg = self.config
         args = (cfg.intermediate_dim, cfg.dim, self.kernel_sizes)
         groups, eps = self.profile.norm_groups(cfg.groups), self.profile.norm_eps
+        if self.patch:
+            return PatchEncoder(cfg.projection_dim, *args, n_dims, cfg.groups, eps)
         if self.space_bag is None:
             return FieldEncoder(cfg.n_fields, *args, groups, eps, cfg.flag_fields)
         return Encoder(cfg.projection_dim, *args, groups, eps)
 
-    def _new_decoder(self) -> Decoder:
-        """A fresh (uninitialised) decoder for one data dimensionality."""
+    def _new_decoder(self, n_dims: int) -> Decoder | PatchDecoder:
+        """A fresh (uninitialised) decoder for ``n_dims``-D data."""
         cfg, profile = self.config, self.profile
+        if self.patch:
+            args = (cfg.dim, cfg.intermediate_dim, cfg.n_fields, self.kernel_sizes, n_dims)
+            return PatchDecoder(*args, cfg.groups, profile.norm_eps)
         return Decoder(
             cfg.dim,
             cfg.intermediate_dim,
@@ -239,7 +246,7 @@ class Walrus(nn.Module):
             return []
         ref = next(iter(self.embed.values())).proj1.weight
         for d in new:
-            enc, dec = self._new_encoder(), self._new_decoder()
+            enc, dec = self._new_encoder(d), self._new_decoder(d)
             for m in [*enc.modules(), *dec.modules()]:
                 _init_leaf(m)
             nn.init.trunc_normal_(dec.proj2.weight, std=0.02, a=-0.04, b=0.04)
@@ -414,6 +421,8 @@ class Walrus(nn.Module):
             raise ValueError(
                 f"spatial grid {tuple(sizes[:n_sp])} is a single point, smaller than one patch"
             )
+        if self.patch:  # kernel = stride; a short axis is padded up to one patch
+            return [self.kernel_sizes] * len(active)
         if self.strides is None:
             target = self.target_latent[len(active) - 1]
             return self.profile.pick_strides(active, target, self.stride_options)
@@ -433,6 +442,41 @@ class Walrus(nn.Module):
                     )
                 out.append((s1, s2))
         return out
+
+    def _layout(
+        self, sizes: list[int], n_sp: int, bc_list: list[tuple[int, int]]
+    ) -> tuple[list[tuple[int, int]], list[AxisPlan]]:
+        """Strides and unshifted padding plans of the axes longer than one point."""
+        strides = self._pick_strides(sizes, n_sp)
+        act_axes = [i for i in range(3) if sizes[i] > 1]
+        plans = [
+            self.profile.plan_axis(sizes[i], s, self.kernel_sizes, bc_list[i], self.jitter, 0)
+            for i, s in zip(act_axes, strides)
+        ]
+        if self.patch:  # whole patches: an odd patch leaves one point over on jittered walls
+            plans = [
+                replace(p, hi=p.hi + (-(sizes[i] + p.lo + p.hi)) % (s[0] * s[1]))
+                for i, p, s in zip(act_axes, plans, strides)
+            ]
+        return strides, plans
+
+    def encoder_layout(
+        self, spatial: Sequence[int], bcs: Tensor | Sequence
+    ) -> tuple[list[int], list[tuple[int, int]], list[bool]]:
+        """How data of this spatial shape is tiled: padded lengths, strides and periodicity of
+        the axes longer than one point, as :meth:`forward` uses them (e.g. for FLOP counts).
+
+        Args:
+            spatial: the data's spatial shape (1-3 axes).
+            bcs: ``(n_spatial, 2)`` boundary codes, as for :meth:`forward`.
+        """
+        n_sp = len(spatial)
+        sizes = [int(v) for v in spatial] + [1] * (3 - n_sp)
+        bc_list = bcs.tolist() if isinstance(bcs, Tensor) else [list(b) for b in bcs]
+        strides, plans = self._layout(sizes, n_sp, [(int(a), int(b)) for a, b in bc_list])
+        lengths = [n for n in sizes if n > 1]
+        padded = [n + p.lo + p.hi for n, p in zip(lengths, plans)]
+        return padded, strides, [p.periodic for p in plans]
 
     def _jitter_draws(
         self, seed: int | None, generator: torch.Generator | None
@@ -527,13 +571,9 @@ class Walrus(nn.Module):
                 f"no encoder for {n_sp}-D data: include_d is {self.include_d} "
                 "(grow_dims adds sets; fine-tuning on such data does it)"
             )
-        strides = self._pick_strides(sizes, n_sp)
+        strides, plans = self._layout(sizes, n_sp, bc_list)
         draws = self._jitter_draws(jitter_seed, generator)
         act_axes = [i for i in range(3) if active[i]]
-        plans = [
-            self.profile.plan_axis(sizes[i], s, self.kernel_sizes, bc_list[i], self.jitter, 0)
-            for i, s in zip(act_axes, strides)
-        ]
         if draws is not None:
             plans = [
                 replace(p, shift=self.profile.jitter_shift(draws, p, sizes[i], s))
@@ -547,7 +587,8 @@ class Walrus(nn.Module):
         else:
             h = self.space_bag(x, fields)  # (B*T, P, *sp)
             h = self.input_drop(self.patch_jitterer.jitter(h, plans))  # (B*T, P, *padded)
-            z = self.embed[str(key)](h, active, strides)  # (B*T, D, *latent)
+            enc = self.embed[str(key)]
+            z = enc(h, active) if self.patch else enc(h, active, strides)  # (B*T, D, *latent)
         latent = list(z.shape[2:])
         grid = [1, 1, 1]
         for i, n in zip(act_axes, latent):
@@ -563,7 +604,11 @@ class Walrus(nn.Module):
         t_out = z.shape[1]
         z = z.reshape(b * t_out, *latent, self.dim).movedim(-1, 1)  # (B*T', D, *latent)
         periodic_axes = [p.periodic for p in plans]
-        y = self.debed[str(key)](z, fields, active, strides, periodic_axes)  # (B*T', C, *padded)
+        dec = self.debed[str(key)]
+        if self.patch:
+            y = dec(z, fields, active)  # (B*T', C, *padded)
+        else:
+            y = dec(z, fields, active, strides, periodic_axes)  # (B*T', C, *padded)
         tie = self._unused_tie(key, plans) if self.training and torch.is_grad_enabled() else None
         if tie is not None:
             y = y + tie.to(y.dtype)
@@ -582,8 +627,13 @@ def _init_leaf(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
     elif isinstance(m, RMSGroupNorm | PatchJitterer) or hasattr(m, "relative_attention_bias"):
         m.reset_parameters()
-    elif isinstance(m, nn.Conv3d | nn.ConvTranspose3d):
-        fan_in = m.weight[0].numel() if isinstance(m, nn.Conv3d) else m.weight[:, 0].numel()
-        nn.init.normal_(m.weight, std=fan_in**-0.5)
+    elif isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+        nn.init.normal_(m.weight, std=m.weight[0].numel() ** -0.5)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.ConvTranspose1d | nn.ConvTranspose2d | nn.ConvTranspose3d):
+        # inputs reaching one output: in channels times ceil(k / s) taps per axis
+        taps = math.prod(-(-k // s) for k, s in zip(m.kernel_size, m.stride))
+        nn.init.normal_(m.weight, std=(m.in_channels * taps) ** -0.5)
         if m.bias is not None:
             nn.init.zeros_(m.bias)

@@ -1,0 +1,150 @@
+"""Forward+backward FLOP rate of the small models as a fraction of this machine's GEMM rate.
+
+At the quickstart's training shape (``experiment=quickstart``: batch 8, 4 input frames, the
+built-in ``navier_stokes_2d`` fields on its periodic 64x64 grid), for ``configs/model/small``
+(patch encoder) and ``small_conv`` (the conv encoder it replaced), each built for 2D data only as
+training builds it. The FLOPs of one forward+backward are counted once per model
+(``FlopCounterMode`` with the CPU attention kernels and in-place GEMMs,
+:func:`benchmarks.accounting.account`); the analytic forward split
+(:func:`walrus.model.flops.forward_flops`) is stored next to it. Then, round by round and
+interleaved, a square GEMM (:func:`benchmarks.common.gemm_gflops`) and the forward+backward of
+each model are timed, so that a busy machine slows both alike. The figure is
+
+    (counted FLOPs / forward+backward seconds) / (GEMM FLOP/s of the same round)
+
+and the issue's target for ``small`` is >= 0.7. The load average is recorded with each round.
+
+Run from the repository root::
+
+    python -m benchmarks.gemm_rate                # 5 rounds, 2 threads
+    python -m benchmarks.gemm_rate --rounds 2 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from benchmarks.accounting import account
+from benchmarks.common import gemm_gflops, print_table, save_json
+from walrus.model.config import WalrusConfig
+from walrus.model.flops import forward_flops, parameter_counts
+from walrus.model.walrus import Walrus
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+MODELS = ("small", "small_conv")
+PERIODIC = 2
+N_FIELDS = 3  # navier_stokes_2d: vorticity and two velocity components
+GRID = (64, 64)
+
+
+def quickstart_shape() -> tuple[int, int]:
+    """Batch size and input frames of ``experiment=quickstart`` (read from its configs)."""
+    quick = yaml.safe_load((CONFIGS / "experiment" / "quickstart.yaml").read_text())
+    well = yaml.safe_load((CONFIGS / "data" / "base" / "well.yaml").read_text())
+    return quick["data"].get("batch_size", well["batch_size"]), well["n_steps_input"]
+
+
+def build(name: str) -> Walrus:
+    """``configs/model/<name>.yaml`` for 2D data, in training mode."""
+    cfg = yaml.safe_load((CONFIGS / "model" / f"{name}.yaml").read_text())
+    torch.manual_seed(0)
+    return Walrus(WalrusConfig.from_dict({**cfg, "include_d": [2]})).train()
+
+
+class Step:
+    """Forward, MAE loss and backward of one model on a fixed random batch."""
+
+    def __init__(self, model: Walrus, batch: int, frames: int):
+        self.model = model
+        self.x = torch.randn(batch, frames, N_FIELDS, *GRID)  # (B, T, C, H, W)
+        self.target = torch.randn_like(self.x)
+        self.fields = torch.arange(N_FIELDS)
+        self.bcs = [[PERIODIC, PERIODIC]] * len(GRID)
+
+    def __call__(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        y = self.model(self.x, self.fields, self.bcs)
+        (y - self.target).abs().mean().backward()
+
+    def seconds(self, iters: int) -> float:
+        """Mean wall seconds of ``iters`` steps (after one untimed step)."""
+        self()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            self()
+        return (time.perf_counter() - t0) / iters
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse arguments, run, print, write ``benchmarks/results/gemm_rate.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--iters", type=int, default=3, help="timed steps per model and round")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--results-dir", default=None, help="where to write gemm_rate.json")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.iters < 1 or args.threads < 1:
+        parser.error("--rounds, --iters and --threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    batch, frames = quickstart_shape()
+    bcs = [[PERIODIC, PERIODIC]] * len(GRID)
+    steps, facts = {}, {}
+    for name in MODELS:
+        step = Step(build(name), batch, frames)
+        steps[name] = step
+        facts[name] = {
+            "fwd_bwd_flops": account(step, fake=False).flops,
+            "forward_flops": forward_flops(step.model, batch, frames, N_FIELDS, GRID, bcs),
+            "params": parameter_counts(step.model),
+        }
+        parts = facts[name]["forward_flops"]
+        print(
+            f"{name}: {facts[name]['params']['total'] / 1e6:.2f}M parameters, forward "
+            f"{parts['total'] / 1e9:.2f} GFLOP ({parts['processor'] / parts['total']:.0%} in the "
+            f"processor), forward+backward {facts[name]['fwd_bwd_flops'] / 1e9:.2f} GFLOP"
+        )
+    rows: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        row: dict[str, Any] = {"round": r, "load1": os.getloadavg()[0]}
+        gemm = [gemm_gflops()]
+        for name, step in steps.items():
+            s = step.seconds(args.iters)
+            gemm.append(gemm_gflops())
+            row[f"{name}_ms"] = s * 1e3
+            row[f"{name}_gflops"] = facts[name]["fwd_bwd_flops"] / s / 1e9
+        row["gemm_gflops"] = statistics.mean(gemm)
+        for name in steps:
+            row[f"{name}_fraction"] = row[f"{name}_gflops"] / row["gemm_gflops"]
+        rows.append(row)
+        print_table([row])
+    median = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "round"}
+    print("\nmedian over rounds:")
+    print_table([median])
+    path = save_json(
+        "gemm_rate",
+        {
+            "shape": {"batch": batch, "frames": frames, "fields": N_FIELDS, "grid": list(GRID)},
+            "threads": args.threads,
+            "iters": args.iters,
+            "target_fraction": 0.7,
+            "models": facts,
+            "median": median,
+            "rounds": rows,
+            "loadavg_end": list(os.getloadavg()),
+        },
+        args.results_dir,
+    )
+    print(f"wrote {path}")
+    return median
+
+
+if __name__ == "__main__":
+    main()
