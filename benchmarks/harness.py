@@ -502,6 +502,7 @@ def evaluate(
         "split": split,
         "fields": names,
         "grid": list(ds.spatial_shape),
+        "bcs": ds.bcs.tolist(),
         "windows_scored": len(ds),
         "trajectories": ds.n_trajectories,
         "rollout_steps": steps,

@@ -59,31 +59,19 @@ def load_candidates(path: str | Path) -> dict[str, list[str]]:
     return out
 
 
-def model_shares(model: nn.Module, sample: Sequence[int]) -> dict[str, Any]:
-    """Parameter count, and the processor's (``model.blocks``) share of parameters and FLOPs.
-
-    The FLOP share needs ``walrus.model.flops.flop_breakdown(model, sample_shape) -> {part:
-    flops}`` with a ``"processor"`` part; without it (or on a model it cannot count) it is
-    ``None``. ``sample`` is one input's shape ``(1, T, C, *S)``.
-    """
+def model_shares(model: nn.Module, sample: Sequence[int], bcs: Sequence) -> dict[str, Any]:
+    """Parameter count, and the processor's (``model.blocks``) share of parameters and of
+    forward FLOPs (:func:`walrus.model.flops.forward_flops`) for one input of shape
+    ``sample = (1, T, C, *S)`` with boundary codes ``bcs``."""
     from walrus.model import flops
 
-    total = sum(p.numel() for p in model.parameters())
-    blocks = getattr(model, "blocks", None)
-    proc = sum(p.numel() for p in blocks.parameters()) if isinstance(blocks, nn.Module) else None
-    out: dict[str, Any] = {
-        "params": total,
-        "processor_param_share": proc / total if proc is not None and total else None,
-        "processor_flop_share": None,
+    parts = flops.parameter_counts(model)
+    fl = flops.forward_flops(model, *sample[:3], sample[3:], bcs)
+    return {
+        "params": parts["total"],
+        "processor_param_share": parts["processor"] / parts["total"],
+        "processor_flop_share": fl["processor"] / fl["total"],
     }
-    breakdown = getattr(flops, "flop_breakdown", None)
-    if breakdown is not None:
-        try:
-            parts = breakdown(model, tuple(sample))
-            out["processor_flop_share"] = parts["processor"] / sum(parts.values())
-        except (TypeError, KeyError, ValueError, ZeroDivisionError, AttributeError):
-            pass  # a breakdown of another shape: report parameters only
-    return out
 
 
 def sweep_run(
@@ -124,7 +112,7 @@ def sweep_run(
         "change_correlation": ours["fidelity"]["change_correlation"],
         "persistence": res["models"]["persistence"]["rollout"]["mean"],
         "valid_trajectories": res["trajectories"],
-        **model_shares(t.forecaster.model, sample),
+        **model_shares(t.forecaster.model, sample, res["bcs"]),
         "train": {k: t.info[k] for k in ("steps", "cpu_s", "wall_s", "max_steps")},
     }
 
