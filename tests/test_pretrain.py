@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from benchmarks import transfer
 from tests.conftest import REPO, tiny_train_overrides
 from walrus.checkpoint import load_checkpoint_file
 from walrus.data.synthetic import SYSTEMS
@@ -119,3 +122,99 @@ def test_scratch_run_resumes_with_ckpt_path_alone(compose_cfg, tiny_data_root, t
     _, objects = train(compose_cfg("train", merged), overrides=merged)
     assert objects["trainer"].global_step == 4
     assert objects["output_dir"] == tmp_path
+
+
+def test_make_pretrain_trains_then_writes_the_card():
+    r = subprocess.run(
+        ["make", "-n", "pretrain", "PRETRAIN_DIR=out/pt", "PRETRAIN_DATA=d", "PY=py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = r.stdout.replace("\\\n", " ").splitlines()
+    train_at = next(i for i, s in enumerate(lines) if "train.py experiment=pretrain" in s)
+    assert "paths.data_dir=d" in lines[train_at] and "hydra.run.dir=out/pt" in lines[train_at]
+    card_at = next(i for i, s in enumerate(lines) if "-m walrus.training.model_card out/pt" in s)
+    assert card_at > train_at
+    assert any("out/pt/.made-by-make-demo" in s for s in lines[:train_at])  # the marker rule
+
+
+# ---------------------------------------------------------------------- transfer benchmark
+
+
+def _result(held, seed, ft, scratch):
+    """One run record of benchmarks.transfer with VRMSE ``ft`` / ``scratch`` in every window."""
+
+    def test(v):
+        windows = {"1": v, "2-10": 2 * v}
+        return {"model": {k: dict(windows) for k in transfer.MEASURES}}
+
+    return {
+        "held_out": held,
+        "seed": seed,
+        "models": {"finetune 3": {"test": test(ft)}, "scratch 3": {"test": test(scratch)}},
+    }
+
+
+def test_transfer_summary_table_and_readme(tmp_path):
+    runs = [_result("burgers_1d", 0, 0.2, 0.4), _result("burgers_1d", 1, 0.4, 0.6)]
+    summary = transfer.summarize(runs)["burgers_1d"]
+    ft = summary["models"]["finetune 3"]["vrmse"]
+    assert ft["1"]["mean"] == pytest.approx(0.3) and ft["2-10"]["mean"] == pytest.approx(0.6)
+    assert ft["1"]["std"] == pytest.approx(0.1414, abs=1e-4) and ft["1"]["n"] == 2
+    assert summary["ft_over_scratch"]["3"]["1"] == pytest.approx(0.3 / 0.5)
+    data = {"summary": transfer.summarize(runs), "record": {"commit": "abc", "dirty": True}}
+    table = transfer.render_table(data)
+    assert "| burgers_1d | finetune 3 | 0.3 ± 0.14 | 0.6 ± 0.28 |" in table
+    assert "| burgers_1d | fine-tuned / scratch, 3 steps | 0.60 | 0.60 |" in table
+    assert "commit abc (dirty)" in table
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{transfer.START}\nold\n{transfer.END}\noutro\n")
+    transfer.render_readme(readme, data)
+    text = readme.read_text()
+    assert text.startswith(f"intro\n{transfer.START}\n| held out |") and "old" not in text
+    assert text.endswith(f"{transfer.END}\noutro\n")
+    readme.write_text("no markers\n")
+    with pytest.raises(transfer.BenchmarkError, match="README.md: no <!-- transfer-table:start"):
+        transfer.render_readme(readme, data)
+
+
+def test_transfer_refuses_too_few_test_trajectories(tiny_data_root, tmp_path, capsys):
+    args = ["--systems", "navier_stokes_2d,gray_scott_2d", "--held-out", "gray_scott_2d"]
+    args += ["--data-root", str(tiny_data_root), "--results-dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as e:
+        transfer.main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "gray_scott_2d: 1 test trajectories, fewer than --min-test-trajectories 8" in err
+    assert "\n" not in err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_transfer_smoke(tmp_path):
+    from walrus.data.synthetic import generate
+
+    root = tmp_path / "data"
+    for system in ("navier_stokes_2d", "gray_scott_2d"):
+        generate(system, root, n_traj=(2, 1, 8), resolution=32, steps=12, progress=False)
+    tiny = [*tiny_train_overrides(root, tmp_path, "finetune")[1:]]
+    tiny = [o for o in tiny if not o.startswith(("paths.", "trainer.max_epochs", "data.gen"))]
+    args = ["--systems", "navier_stokes_2d,gray_scott_2d", "--held-out", "gray_scott_2d"]
+    args += ["--data-root", str(root), "--results-dir", str(tmp_path / "res")]
+    args += ["--work-dir", str(tmp_path / "work"), "--pretrain-time", "3", "--seeds", "0"]
+    args += ["--finetune-steps", "2", "--scratch-lrs", "1e-3,3e-4"]
+    args += [f"--override={o}" for o in tiny]
+    data = transfer.main(args)
+    saved = json.loads((tmp_path / "res" / "transfer.json").read_text())
+    assert saved["summary"] == data["summary"]
+    (run,) = saved["runs"]
+    assert run["pretrain"]["systems"] == ["navier_stokes_2d"] and run["pretrain"]["cpu_s"] > 0
+    models = run["models"]
+    assert set(models) == {"finetune 2", "scratch 2", "scratch pretrain-cpu+2", "persistence"}
+    assert models["finetune 2"]["steps"] == 2 and models["scratch 2"]["steps"] == 2
+    assert models["scratch 2"]["lr"] in (1e-3, 3e-4) and len(models["scratch 2"]["val_by_lr"]) == 2
+    assert models["finetune 2"]["test"]["trajectories"] == 8
+    assert set(models["finetune 2"]["test"]["model"]) == set(transfer.MEASURES)
+    assert not Path(run["dataset"]).is_absolute() and saved["record"]["commit"]
