@@ -57,10 +57,23 @@ def test_time_budget_schedule_ends_at_the_floor(compose_cfg, tiny_data_root, tmp
     assert module.lr_schedulers().get_last_lr()[0] == pytest.approx(floor)
 
 
-def test_model_card_of_a_tiny_run(compose_cfg, tiny_data_root, tmp_path):
-    run = tmp_path / "run"
-    overrides = _tiny_pretrain(tiny_data_root, run, "trainer.max_steps=2")
-    _, objects = train(compose_cfg("train", overrides))
+@pytest.fixture(scope="module")
+def pretrained_run(tiny_data_root, tmp_path_factory):
+    """A 2-step tiny ``experiment=pretrain`` run on Navier–Stokes and Gray–Scott."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    run = tmp_path_factory.mktemp("pretrain")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("train", _tiny_pretrain(tiny_data_root, run, "trainer.max_steps=2"))
+    GlobalHydra.instance().clear()
+    _, objects = train(cfg)
+    return run, sum(p.numel() for p in objects["module"].model.parameters())
+
+
+def test_model_card_of_a_tiny_run(pretrained_run):
+    run, params = pretrained_run
     ckpt = load_checkpoint_file(run / "checkpoints" / "last.ckpt")
     assert COST_KEY in ckpt["callbacks"]
 
@@ -74,9 +87,7 @@ def test_model_card_of_a_tiny_run(compose_cfg, tiny_data_root, tmp_path):
     assert systems["navier_stokes_2d"]["trajectories"] == {"train": 2, "valid": 1, "test": 1}
     assert card["budget"]["steps"] == 2 and card["budget"]["cpu_s"] > 0
     assert card["budget"]["threads"] == torch.get_num_threads()
-    model = objects["module"].model
-    assert card["model"]["preset"] == "tiny"
-    assert card["model"]["params"] == sum(p.numel() for p in model.parameters())
+    assert card["model"]["preset"] == "tiny" and card["model"]["params"] == params
     for name in systems:
         v = card["validation"][name]
         assert v["rollout_steps"] == 5 and v["rollout_trajectories"] == 1
@@ -97,6 +108,26 @@ def test_model_preset_reports_custom_for_an_unknown_architecture():
     small = yaml.safe_load((REPO / "configs" / "model" / "small.yaml").read_text())
     assert model_preset(small) == "small"
     assert model_preset({**small, "dim": small["dim"] + 1}) == "custom"
+
+
+def test_finetune_onto_unseen_datasets_with_new_fields(compose_cfg, pretrained_run, tmp_path):
+    from walrus.data.synthetic import generate
+
+    data = tmp_path / "d"
+    for system in ("cahn_hilliard_2d", "burgers_1d"):
+        generate(system, data, n_traj=(2, 1, 1), resolution=32, steps=12, progress=False)
+    run, _ = pretrained_run
+    keep = [o for o in tiny_train_overrides(data, tmp_path / "ft", "finetune") if "epochs" not in o]
+    overrides = [*keep, f"init_from={run / 'checkpoints' / 'last.ckpt'}"]
+    overrides += ["data.datasets=[cahn_hilliard_2d,burgers_1d]", "trainer.max_steps=3"]
+    _, objects = train(compose_cfg("train", overrides))
+    assert objects["trainer"].global_step == 3
+    ckpt = load_checkpoint_file(tmp_path / "ft" / "checkpoints" / "last.ckpt")
+    names = ckpt["walrus"]["vocab"]["names"]
+    assert names == ["vorticity", "velocity_x", "velocity_y", "A", "B", "concentration"]
+    # the checkpoint's 2D encoder/decoder serve the 1D data too (no fresh set needed)
+    assert ckpt["walrus"]["model_config"]["include_d"] == [2]
+    assert objects["module"].model.encoder_key(1) == 2
 
 
 def test_scratch_refuses_init_from_in_one_line(compose_cfg, tiny_data_root, tmp_path):
