@@ -175,13 +175,13 @@ def validation_metrics(
     out: Path,
     *,
     data_dir: str | None = None,
-    max_windows: int | None = 64,
-    steps: int | None = None,
+    max_windows: int | None = 32,
+    steps: int | None = 30,
     batch_size: int = 4,
 ) -> dict[str, Any]:
     """Per dataset on the validation split: one-step VRMSE over evenly spaced windows
-    (``max_windows``) and windowed rollout VRMSE from the start of every trajectory
-    (``steps``: null to the end), model and persistence, mean over fields."""
+    (``max_windows``) and windowed rollout VRMSE over the first ``steps`` steps (``None``: to
+    the end) from the start of every trajectory, model and persistence, mean over fields."""
     from walrus.pretrained import infer
 
     common = [
@@ -223,8 +223,8 @@ def build_card(
     run_dir: str | os.PathLike,
     *,
     data_dir: str | None = None,
-    max_windows: int | None = 64,
-    steps: int | None = None,
+    max_windows: int | None = 32,
+    steps: int | None = 30,
 ) -> dict[str, Any]:
     """The model card of the run in ``run_dir`` as plain data (see the module docstring)."""
     run = Path(run_dir)
@@ -336,7 +336,8 @@ def render_markdown(card: Mapping[str, Any]) -> str:
     lines += [
         "",
         "One-step: evenly spaced validation windows; rollout: from the first frames of every "
-        "validation trajectory, errors averaged over the steps of each window.",
+        "validation trajectory (`rollout_steps` steps, see model_card.json), errors averaged "
+        "over the steps of each window.",
         "",
     ]
     return "\n".join(lines)
@@ -346,8 +347,8 @@ def write_model_card(
     run_dir: str | os.PathLike,
     *,
     data_dir: str | None = None,
-    max_windows: int | None = 64,
-    steps: int | None = None,
+    max_windows: int | None = 32,
+    steps: int | None = 30,
 ) -> tuple[Path, Path]:
     """Build the card of ``run_dir`` and write ``MODEL_CARD.md`` and ``model_card.json`` into
     it (atomically). Returns their paths."""
@@ -366,12 +367,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("run_dir", help="the training run folder (holding checkpoints/last.ckpt)")
     p.add_argument("--data-dir", help="data root (default: the checkpoint's)")
-    p.add_argument("--max-windows", type=int, default=64, help="one-step windows per system")
-    p.add_argument("--steps", type=int, help="rollout steps (default: to the trajectory's end)")
+    p.add_argument("--max-windows", type=int, default=32, help="one-step windows per system")
+    p.add_argument("--steps", type=int, default=30, help="rollout steps (0: to the end)")
     args = p.parse_args(argv)
     try:
         md, js = write_model_card(
-            args.run_dir, data_dir=args.data_dir, max_windows=args.max_windows, steps=args.steps
+            args.run_dir,
+            data_dir=args.data_dir,
+            max_windows=args.max_windows,
+            steps=args.steps or None,
         )
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
