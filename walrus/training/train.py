@@ -63,7 +63,13 @@ def _source_checkpoint(cfg: DictConfig) -> tuple[dict | None, dict | None, str |
     """The checkpoint that seeds this run, validated up front: ``ckpt_path`` (resume, any
     experiment; a fine-tune's ``init_from`` is then its record) or ``init_from`` (fine-tune)."""
     resuming = bool(cfg.get("ckpt_path"))
-    if cfg.get("finetune", {}).get("enabled") and not cfg.get("init_from") and not resuming:
+    enabled = cfg.get("finetune", {}).get("enabled")
+    if enabled is False and cfg.get("init_from") and not resuming:
+        raise ValueError(
+            f"finetune.enabled=false trains from scratch, but init_from={cfg.init_from} was given: "
+            "drop init_from, or drop finetune.enabled=false to fine-tune"
+        )
+    if enabled and not cfg.get("init_from") and not resuming:
         raise ValueError(
             f"experiment {cfg.task_name!r} fine-tunes a checkpoint: pass init_from=PATH/TO/last.ckpt "
             "(or ckpt_path=RUN/checkpoints/last.ckpt to resume a run)"

@@ -1,0 +1,500 @@
+"""Transfer benchmark, leave one system out: does pretraining make a new system cheap to learn?
+
+For each held-out set (built-in systems of ``--held-out``; Well dataset folders of ``--dataset``,
+e.g. the py-pde Gray-Scott set) and each seed of ``--seeds``:
+
+1. pretrain (``experiment=pretrain``) on the other built-in systems of ``--systems`` for
+   ``--pretrain-time`` of wall clock; one pretraining serves every F;
+2. for each F of ``--finetune-steps``: fine-tune it F steps (``experiment=finetune init_from=``),
+   and train the same recipe from scratch F steps (``finetune.enabled=false``) at each rate of
+   ``--scratch-lrs``, keeping the lower final ``val/rollout_vrmse``;
+3. train from scratch for the pretraining's CPU seconds plus those of the largest-F scratch run
+   (its rate): where pretraining stops paying (``--no-long-scratch`` skips it);
+4. score each model and persistence on the test split with ``infer.py rollout`` from the first
+   frames of every test trajectory to its end: windowed VRMSE, amplitude ratio and change
+   correlation, mean over fields; mean and spread over seeds.
+
+Built-in data is generated under ``--data-root`` when missing (``--n-traj`` 24/4/8; at least
+``--min-test-trajectories`` test trajectories are required). ``benchmarks/results/transfer.json``
+is written after every run; ``--readme README.md`` renders the table between
+``<!-- transfer-table:start -->`` and ``<!-- transfer-table:end -->``::
+
+    python -m benchmarks.transfer --pretrain-time 600 --finetune-steps 300 --seeds 0,1,2 \\
+        --dataset data/gray_scott_pypde --readme README.md
+    python -m benchmarks.transfer --render-only --readme README.md
+
+The CPU-time callback, data generation for all nine systems and the seed spread are written here
+(``benchmarks/harness.py`` was being written alongside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from benchmarks.common import RESULTS_DIR, save_json
+from walrus.atomic import write_text_atomic
+from walrus.data.synthetic import SYSTEMS, generate
+from walrus.data.well_dataset import WellDataset
+from walrus.pretrained import infer
+from walrus.training.budget import parse_duration
+from walrus.training.model_card import git_state
+
+REPO = Path(__file__).resolve().parents[1]
+MEASURES = ("vrmse", "amplitude_ratio", "change_correlation")
+START, END = "<!-- transfer-table:start -->", "<!-- transfer-table:end -->"
+
+
+class BenchmarkError(ValueError):
+    """Bad input to the benchmark; the CLI prints it as one line."""
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """A Well dataset ``root/name``."""
+
+    root: Path
+    name: str
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.name
+
+
+def _rel(path: str | os.PathLike) -> str:
+    """``path`` relative to the current folder (no machine's layout in the JSON)."""
+    return os.path.relpath(Path(path).resolve())
+
+
+def count_test_trajectories(ref: DataSet) -> int:
+    """Trajectories in the test split of ``ref``."""
+    ds = WellDataset(ref.root, ref.name, "test", 1, 1)
+    n = ds.n_trajectories
+    ds.close()
+    return n
+
+
+def builtin_set(
+    system: str, root: str | os.PathLike, n_traj: Sequence[int], seed: int = 0
+) -> DataSet:
+    """Built-in ``system`` under ``root``, generated there (``n_traj`` per split) when missing."""
+    if system not in SYSTEMS:
+        raise BenchmarkError(f"unknown system {system!r}; built-in systems: {', '.join(SYSTEMS)}")
+    ref = DataSet(Path(root).resolve(), system)
+    if not (ref.path / "data").is_dir():
+        generate(system, ref.root, n_traj=tuple(n_traj), seed=seed, progress=False)
+    return ref
+
+
+def external_set(path: str | os.PathLike) -> DataSet:
+    """A Well dataset folder (``data/{train,valid,test}``) given with ``--dataset``."""
+    path = Path(path).resolve()
+    missing = [s for s in ("train", "valid", "test") if not (path / "data" / s).is_dir()]
+    if missing:
+        raise BenchmarkError(f"--dataset {path}: not a Well dataset folder (no data/{missing[0]})")
+    return DataSet(path.parent, path.name)
+
+
+class CPUTime(pl.Callback):
+    """Process CPU seconds of training (validation left out); stops at ``seconds`` if given."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds, self.used = seconds, 0.0
+        self._start: float | None = None
+        self._val_start = self._val = 0.0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start, self._val = time.process_time(), 0.0
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_start = time.process_time()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._start is not None:  # the sanity check runs before training starts
+            self._val += time.process_time() - self._val_start
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.used = time.process_time() - self._start - self._val
+        if self.seconds is not None and self.used >= self.seconds:
+            trainer.should_stop = True
+
+
+def fit(overrides: Sequence[str], out: Path, cpu_seconds: float | None = None) -> dict[str, Any]:
+    """``train.py`` with ``overrides`` into ``out`` (in this process); steps, CPU and wall
+    seconds, final validation metrics and the checkpoint."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from walrus.training.train import train
+
+    extra = [
+        f"paths.output_dir={out.resolve()}",
+        "callbacks.progress_bar=null",
+        f"+callbacks.cpu_time._target_={CPUTime.__module__}.{CPUTime.__qualname__}",
+        f"+callbacks.cpu_time.seconds={'null' if cpu_seconds is None else cpu_seconds}",
+    ]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[*overrides, *extra])
+    except (HydraException, OmegaConfBaseException) as e:
+        raise BenchmarkError(f"overrides {list(overrides)}: {str(e).splitlines()[0]}") from None
+    finally:
+        GlobalHydra.instance().clear()
+    t0 = time.perf_counter()
+    metrics, objects = train(cfg)
+    cpu = next(c for c in objects["trainer"].callbacks if isinstance(c, CPUTime))
+    return {
+        "checkpoint": out / "checkpoints" / "last.ckpt",
+        "steps": objects["trainer"].global_step,
+        "cpu_s": cpu.used,
+        "wall_s": time.perf_counter() - t0,
+        "val": {k: v for k, v in metrics.items() if k in ("val/vrmse", "val/rollout_vrmse")},
+    }
+
+
+def evaluate(ckpt: Path, ref: DataSet, out: Path, batch_size: int = 4) -> dict[str, Any]:
+    """``infer.py rollout`` of ``ckpt`` on the test split of ``ref``: per source (model,
+    persistence) and measure, the mean over fields in each rollout window."""
+    result = infer(
+        "rollout",
+        f"ckpt_path={ckpt}",
+        "split=test",
+        f"paths.data_dir={ref.root}",
+        f"data.datasets=[{ref.name}]",
+        f"out={out}",
+        f"batch_size={batch_size}",
+        "overwrite=true",
+        "plots=false",
+        "save_predictions=false",
+        "progress=false",
+    )["metrics"]["datasets"][ref.name]
+    m = result["metrics"]
+    return {
+        "trajectories": len(result["trajectories"]),
+        "steps": result["steps"],
+        **{
+            s: {k: dict(m[s][k]["mean_over_fields"]["windows"]) for k in MEASURES}
+            for s in ("model", "persistence")
+        },
+    }
+
+
+def _portable(key: str, value: Any) -> Any:
+    """An argument for the JSON: folders relative to the current one."""
+    if key in ("data_root", "work_dir", "results_dir", "readme") and value is not None:
+        return _rel(value)
+    return [_rel(v) for v in value] if key == "dataset" else value
+
+
+def _datasets_override(names: Sequence[str]) -> str:
+    return "data.datasets=[" + ",".join(f"{{name:{n},weight:1.0}}" for n in names) + "]"
+
+
+def run_one(
+    held: DataSet,
+    pool: Sequence[DataSet],
+    seed: int,
+    args: argparse.Namespace,
+    work: Path,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Pretrain without ``held``, then fine-tune / scratch / long scratch on it; scored on test."""
+    if not pool:
+        raise BenchmarkError(f"nothing to pretrain on without {held.name}: widen --systems")
+    if len({p.root for p in pool}) != 1:
+        raise BenchmarkError("the pretraining systems must share one --data-root")
+    base = [f"seed={seed}", "data.generate_if_missing=false", *args.override]
+    on_held = [
+        "experiment=finetune",
+        f"paths.data_dir={held.root}",
+        f"data.datasets=[{held.name}]",
+        *base,
+    ]
+    scratch = [*on_held, "finetune.enabled=false"]
+    out = work / held.name / f"seed_{seed}"
+    record: dict[str, Any] = {
+        "held_out": held.name,
+        "dataset": _rel(held.path),
+        "seed": seed,
+        "models": {},
+    }
+    log(
+        f"[{held.name} seed {seed}] pretraining on {len(pool)} systems for {args.pretrain_time:g} s"
+    )
+    pre = fit(
+        [
+            "experiment=pretrain",
+            f"paths.data_dir={pool[0].root}",
+            _datasets_override([p.name for p in pool]),
+            f"trainer.max_time={args.pretrain_time}",
+            *base,
+        ],
+        out / "pretrain",
+    )
+    record["pretrain"] = {
+        "systems": [p.name for p in pool],
+        **{k: v for k, v in pre.items() if k != "checkpoint"},
+        "checkpoint": _rel(pre["checkpoint"]),
+    }
+    models: dict[str, dict[str, Any]] = {}
+    scratch_best: dict[str, Any] = {}
+    for f in args.finetune_steps:
+        log(
+            f"[{held.name} seed {seed}] fine-tuning {f} steps; scratch {f} steps at {args.scratch_lrs}"
+        )
+        ft = fit(
+            [*on_held, f"init_from={pre['checkpoint']}", f"trainer.max_steps={f}"],
+            out / f"finetune_{f}",
+        )
+        models[f"finetune {f}"] = ft
+        tries = {}
+        for lr in args.scratch_lrs:
+            tries[lr] = fit(
+                [*scratch, f"optimizer.lr={lr}", f"trainer.max_steps={f}"],
+                out / f"scratch_{f}_lr{lr:g}",
+            )
+        best = min(tries, key=lambda lr: _val_score(tries[lr]))
+        models[f"scratch {f}"] = {
+            **tries[best],
+            "lr": best,
+            "val_by_lr": {f"{lr:g}": t["val"] for lr, t in tries.items()},
+        }
+        scratch_best = {"steps": f, "lr": best, "run": tries[best]}
+    if not args.no_long_scratch:
+        cpu = pre["cpu_s"] + scratch_best["run"]["cpu_s"]
+        per_step = scratch_best["run"]["cpu_s"] / max(scratch_best["run"]["steps"], 1)
+        planned = max(1, math.ceil(cpu / max(per_step, 1e-9)))
+        label = f"scratch pretrain-cpu+{scratch_best['steps']}"
+        log(f"[{held.name} seed {seed}] {label}: {cpu:.0f} CPU s (~{planned} steps)")
+        long = fit(
+            [*scratch, f"optimizer.lr={scratch_best['lr']}", f"trainer.max_steps={planned}"],
+            out / "scratch_long",
+            cpu_seconds=cpu,
+        )
+        models[label] = {**long, "lr": scratch_best["lr"], "cpu_budget_s": cpu}
+    for label, m in models.items():
+        log(f"[{held.name} seed {seed}] scoring {label} on the test split")
+        scored = evaluate(m["checkpoint"], held, out / "eval" / label.replace(" ", "_"))
+        m["checkpoint"] = _rel(m["checkpoint"])
+        m["test"] = scored
+        record["models"][label] = m
+    record["models"]["persistence"] = {"test": {**scored, "model": scored["persistence"]}}
+    return record
+
+
+def _val_score(run: Mapping[str, Any]) -> float:
+    val = run["val"].get("val/rollout_vrmse", run["val"].get("val/vrmse"))
+    return val if val is not None and math.isfinite(val) else math.inf
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """Mean and sample standard deviation of the finite ``values`` (``None`` when there are none)."""
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    mean = statistics.fmean(v) if v else None
+    return {"mean": mean, "std": statistics.stdev(v) if len(v) > 1 else None, "n": len(v)}
+
+
+def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per held-out set and model: mean and spread over seeds of each measure in each window,
+    and for every F the fine-tuned / scratch ratio of the seed means of VRMSE."""
+    out: dict[str, Any] = {}
+    for held in dict.fromkeys(r["held_out"] for r in runs):
+        mine = [r for r in runs if r["held_out"] == held]
+        models: dict[str, Any] = {}
+        for label in dict.fromkeys(k for r in mine for k in r["models"]):
+            tests = [r["models"][label]["test"]["model"] for r in mine if label in r["models"]]
+            models[label] = {
+                k: {w: spread([t[k].get(w) for t in tests]) for w in tests[0][k]} for k in MEASURES
+            }
+        ratios = {}
+        for label in models:
+            if label.startswith("finetune ") and f"scratch {label[9:]}" in models:
+                ft, sc = models[label]["vrmse"], models[f"scratch {label[9:]}"]["vrmse"]
+                ratios[label[9:]] = {
+                    w: ft[w]["mean"] / sc[w]["mean"]
+                    if ft[w]["mean"] is not None and sc[w]["mean"]
+                    else None
+                    for w in ft
+                }
+        seeds = [r["seed"] for r in mine]
+        out[held] = {"seeds": seeds, "models": models, "ft_over_scratch": ratios}
+    return out
+
+
+def _cell(s: Mapping[str, Any] | None) -> str:
+    if not s or s["mean"] is None:
+        return "n/a"
+    return f"{s['mean']:.3g}" + (f" ± {s['std']:.2g}" if s["std"] is not None else "")
+
+
+def render_table(data: Mapping[str, Any]) -> str:
+    """Markdown table of the summary: windowed test VRMSE (mean ± std over seeds), the amplitude
+    ratio and change correlation in the last window, and the fine-tuned / scratch ratios."""
+    summary = data.get("summary") or {}
+    windows = list(
+        dict.fromkeys(w for s in summary.values() for m in s["models"].values() for w in m["vrmse"])
+    )
+    head = ["held out", "model", *(f"VRMSE {w}" for w in windows), "amplitude", "change corr"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for held, s in summary.items():
+        for label, m in s["models"].items():
+            last = next((w for w in reversed(windows) if w in m["vrmse"]), None)
+            cells = [_cell(m["vrmse"].get(w)) for w in windows]
+            fid = [_cell(m[k].get(last)) for k in ("amplitude_ratio", "change_correlation")]
+            lines.append("| " + " | ".join([held, label, *cells, *fid]) + " |")
+        for f, r in s["ft_over_scratch"].items():
+            cells = [f"{r[w]:.2f}" if r.get(w) is not None else "n/a" for w in windows]
+            lines.append(
+                "| " + " | ".join([held, f"fine-tuned / scratch, {f} steps", *cells, "", ""]) + " |"
+            )
+    rec, args = data.get("record", {}), data.get("args", {})
+    lines.append(
+        f"\nSeeds {args.get('seeds')}; {args.get('pretrain_time')} s of pretraining per held-out "
+        f"set and seed; commit {rec.get('commit')}{' (dirty)' if rec.get('dirty') else ''}, "
+        f"started {rec.get('started')}. Amplitude, change correlation: last window; 1 is ideal."
+    )
+    return "\n".join(lines)
+
+
+def render_readme(readme: Path, data: Mapping[str, Any]) -> Path:
+    """Replace the text between the transfer-table markers of ``readme`` with the table."""
+    text = readme.read_text()
+    if START not in text or END not in text or text.index(START) > text.index(END):
+        raise BenchmarkError(f"{readme}: no {START} ... {END} markers to put the table between")
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    return write_text_atomic(readme, f"{head}{START}\n{render_table(data)}\n{END}{tail}")
+
+
+def _numbers(text: str, whole: bool = False) -> list[Any]:
+    """Comma-separated numbers (``whole``: non-negative whole numbers)."""
+    try:
+        values = [float(x) for x in text.split(",") if x]
+    except ValueError:
+        values = []
+    if not values or (whole and any(v != int(v) or v < 0 for v in values)):
+        kind = "whole numbers" if whole else "numbers"
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind}, got {text!r}")
+    return [int(v) for v in values] if whole else values
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.transfer",
+        description="Leave one system out: pretrain on the others, fine-tune vs scratch.",
+    )
+    ints = lambda t: _numbers(t, whole=True)  # noqa: E731
+    every, add = ",".join(SYSTEMS), p.add_argument
+    add("--systems", default=every, help="built-in systems to pretrain on (default: all nine)")
+    add("--held-out", default=every, help="built-in systems to hold out, or 'none'")
+    add("--dataset", action="append", default=[], help="Well dataset folder to hold out")
+    add("--data-root", default=os.environ.get("WALRUS_DATA_DIR", "data"))
+    add("--n-traj", type=ints, default=[24, 4, 8], help="new built-in data: TRAIN,VALID,TEST")
+    add("--min-test-trajectories", type=int, default=8)
+    add("--pretrain-time", default="600", help="seconds or DD:HH:MM:SS of pretraining")
+    add("--finetune-steps", type=ints, default=[300], help="F values, comma-separated")
+    add("--scratch-lrs", type=_numbers, default=[1e-3, 3e-4])
+    add("--seeds", type=ints, default=[0, 1, 2])
+    add("--no-long-scratch", action="store_true", help="skip scratch at pretraining CPU + F")
+    add("--override", action="append", default=[], help="KEY=VALUE for every training run")
+    add("--threads", type=int, help="torch threads (default: torch's choice)")
+    add("--work-dir", help="training runs (default: outputs/transfer/<UTC time>)")
+    add("--results-dir", default=None, help="default: benchmarks/results")
+    add("--name", default="transfer", help="results file stem")
+    add("--readme", type=Path, help="render the table into this README")
+    add("--render-only", action="store_true", help="only render the saved JSON into --readme")
+    return p
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark as ``args`` describe; writes the JSON after every run."""
+    results = Path(args.results_dir) if args.results_dir else RESULTS_DIR
+    if args.render_only:
+        if args.readme is None:
+            raise BenchmarkError("--render-only needs --readme PATH")
+        path = results / f"{args.name}.json"
+        if not path.is_file():
+            raise BenchmarkError(f"{path}: no results to render; run the benchmark first")
+        data = json.loads(path.read_text())
+        render_readme(args.readme, data)
+        return data
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    argv = [_rel(a) if os.path.isabs(a) else a for a in sys.argv[1:]]
+    record = {"started": started, **git_state(), "argv": argv}
+    text = str(args.pretrain_time)
+    try:
+        args.pretrain_time = parse_duration(float(text) if text.isdigit() else text)
+    except ValueError:
+        raise BenchmarkError(f"--pretrain-time: seconds or DD:HH:MM:SS, got {text!r}") from None
+    if len(args.n_traj) != 3:
+        raise BenchmarkError("--n-traj takes TRAIN,VALID,TEST")
+    if not args.finetune_steps or min(args.finetune_steps) < 1 or not args.scratch_lrs:
+        raise BenchmarkError("--finetune-steps needs F >= 1 and --scratch-lrs at least one rate")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    pool = [s for s in args.systems.split(",") if s]
+    held_names = [] if args.held_out == "none" else [s for s in args.held_out.split(",") if s]
+    builtin = {
+        s: builtin_set(s, args.data_root, args.n_traj) for s in dict.fromkeys([*pool, *held_names])
+    }
+    held = [builtin[s] for s in held_names] + [external_set(p) for p in args.dataset]
+    if not held:
+        raise BenchmarkError("nothing to hold out: no --held-out systems and no --dataset")
+    for ref in held:
+        n = count_test_trajectories(ref)
+        if n < args.min_test_trajectories:
+            raise BenchmarkError(
+                f"{ref.path}: {n} test trajectories, fewer than --min-test-trajectories "
+                f"{args.min_test_trajectories} (generate into a fresh --data-root, --n-traj 24,4,8)"
+            )
+    work = Path(args.work_dir or Path("outputs") / "transfer" / started.replace(":", "-"))
+    data: dict[str, Any] = {
+        "record": record,
+        "args": {k: _portable(k, v) for k, v in vars(args).items()},
+        "threads": torch.get_num_threads(),
+        "loadavg_start": list(os.getloadavg()),
+        "work_dir": _rel(work),
+        "runs": [],
+    }
+    for ref in held:
+        for seed in args.seeds:
+            others = [builtin[s] for s in pool if s != ref.name]
+            data["runs"].append(run_one(ref, others, seed, args, work))
+            data["summary"] = summarize(data["runs"])
+            data["loadavg_end"] = list(os.getloadavg())
+            path = save_json(args.name, data, results)
+            if args.readme is not None:
+                render_readme(args.readme, data)
+    print(render_table(data))
+    print(f"wrote {_rel(path)}")
+    return data
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """CLI entry: bad input is one line on stderr and exit status 2."""
+    args = _parser().parse_args(argv)
+    try:
+        return run(args)
+    except (BenchmarkError, ValueError, FileNotFoundError) as e:
+        print(f"benchmarks.transfer: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

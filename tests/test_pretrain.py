@@ -1,0 +1,251 @@
+"""experiment=pretrain, the model card, fine-tune vs scratch with one recipe, and the transfer
+benchmark (tiny sizes, in-process)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from benchmarks import transfer
+from tests.conftest import REPO, tiny_train_overrides
+from walrus.checkpoint import load_checkpoint_file
+from walrus.data.synthetic import SYSTEMS
+from walrus.training.model_card import COST_KEY, model_preset, write_model_card
+from walrus.training.resume import resume_overrides
+from walrus.training.train import train
+
+TWO = "data.datasets=[{name:navier_stokes_2d,weight:1.0},{name:gray_scott_2d,weight:1.0}]"
+
+
+def _tiny_pretrain(data_root, out, *extra):
+    """experiment=pretrain on the two tiny datasets, tiny model; ``extra`` overrides win."""
+    keep = [o for o in tiny_train_overrides(data_root, out, "pretrain") if "max_epochs" not in o]
+    return [*keep, TWO, *extra]
+
+
+def test_pretrain_config_balances_all_nine_systems_under_a_time_budget(compose_cfg):
+    cfg = compose_cfg("train", ["experiment=pretrain"])
+    specs = list(cfg.data.datasets)
+    assert sorted(s.name for s in specs) == sorted(SYSTEMS) and len(SYSTEMS) == 9
+    assert len({s.weight for s in specs}) == 1  # equal draws per system
+    assert {SYSTEMS[s.name].n_spatial for s in specs} == {1, 2, 3}
+    assert cfg.data.generate_if_missing is True
+    assert cfg.trainer.max_time == "00:00:25:00"
+    assert cfg.trainer.max_steps == -1 and cfg.trainer.max_epochs == -1  # time alone ends it
+    small = yaml.safe_load((REPO / "configs" / "model" / "small.yaml").read_text())
+    assert {k: cfg.model[k] for k in small} == small
+    # scratch and fine-tune share the preset of pretraining
+    scratch = compose_cfg("train", ["experiment=finetune", "finetune.enabled=false"])
+    assert scratch.model == cfg.model
+
+
+def test_time_budget_schedule_ends_at_the_floor(compose_cfg, tiny_data_root, tmp_path):
+    overrides = _tiny_pretrain(
+        tiny_data_root, tmp_path, "trainer.max_time=2", "trainer.limit_train_batches=null"
+    )
+    _, objects = train(compose_cfg("train", overrides))
+    module, trainer = objects["module"], objects["trainer"]
+    assert trainer.global_step >= 1
+    peak = float(compose_cfg("train", overrides).optimizer.lr)
+    floor = peak * float(compose_cfg("train", overrides).lr_scheduler.min_ratio)
+    assert module.lr_schedulers().get_last_lr()[0] == pytest.approx(floor)
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(tiny_data_root, tmp_path_factory):
+    """A 2-step tiny ``experiment=pretrain`` run on Navier–Stokes and Gray–Scott."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    run = tmp_path_factory.mktemp("pretrain")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("train", _tiny_pretrain(tiny_data_root, run, "trainer.max_steps=2"))
+    GlobalHydra.instance().clear()
+    _, objects = train(cfg)
+    return run, sum(p.numel() for p in objects["module"].model.parameters())
+
+
+def test_model_card_of_a_tiny_run(pretrained_run):
+    run, params = pretrained_run
+    ckpt = load_checkpoint_file(run / "checkpoints" / "last.ckpt")
+    assert COST_KEY in ckpt["callbacks"]
+
+    md, js = write_model_card(run, max_windows=4, steps=5)
+    card = json.loads(js.read_text())
+    systems = card["data"]["systems"]
+    assert list(systems) == ["navier_stokes_2d", "gray_scott_2d"]
+    assert systems["gray_scott_2d"]["fields"] == ["A", "B"]
+    assert systems["navier_stokes_2d"]["boundaries"] == ["periodic/periodic"] * 2
+    assert systems["navier_stokes_2d"]["resolution"] == [32, 32]
+    assert systems["navier_stokes_2d"]["trajectories"] == {"train": 2, "valid": 1, "test": 1}
+    assert card["budget"]["steps"] == 2 and card["budget"]["cpu_s"] > 0
+    assert card["budget"]["threads"] == torch.get_num_threads()
+    assert card["model"]["preset"] == "tiny" and card["model"]["params"] == params
+    for name in systems:
+        v = card["validation"][name]
+        assert v["rollout_steps"] == 5 and v["rollout_trajectories"] == 1
+        assert math.isfinite(v["one_step_vrmse"]["model"])
+        assert set(v["rollout_vrmse"]["model"]) == {"1", "2-5"}  # windows cut at step 5
+    assert isinstance(card["source"]["dirty"], bool)
+    text = md.read_text()
+    assert "| gray_scott_2d | 2D | 32x32 |" in text and "Preset `tiny`" in text
+    assert not list(run.glob("*.tmp"))
+
+
+def test_model_card_names_a_missing_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="last.ckpt: no checkpoint"):
+        write_model_card(tmp_path)
+
+
+def test_model_preset_reports_custom_for_an_unknown_architecture():
+    small = yaml.safe_load((REPO / "configs" / "model" / "small.yaml").read_text())
+    assert model_preset(small) == "small"
+    assert model_preset({**small, "dim": small["dim"] + 1}) == "custom"
+
+
+def test_finetune_onto_unseen_datasets_with_new_fields(compose_cfg, pretrained_run, tmp_path):
+    from walrus.data.synthetic import generate
+
+    data = tmp_path / "d"
+    for system in ("cahn_hilliard_2d", "burgers_1d"):
+        generate(system, data, n_traj=(2, 1, 1), resolution=32, steps=12, progress=False)
+    run, _ = pretrained_run
+    keep = [o for o in tiny_train_overrides(data, tmp_path / "ft", "finetune") if "epochs" not in o]
+    overrides = [*keep, f"init_from={run / 'checkpoints' / 'last.ckpt'}"]
+    overrides += ["data.datasets=[cahn_hilliard_2d,burgers_1d]", "trainer.max_steps=3"]
+    _, objects = train(compose_cfg("train", overrides))
+    assert objects["trainer"].global_step == 3
+    ckpt = load_checkpoint_file(tmp_path / "ft" / "checkpoints" / "last.ckpt")
+    names = ckpt["walrus"]["vocab"]["names"]
+    assert names == ["vorticity", "velocity_x", "velocity_y", "A", "B", "concentration"]
+    # the checkpoint's 2D encoder/decoder serve the 1D data too (no fresh set needed)
+    assert ckpt["walrus"]["model_config"]["include_d"] == [2]
+    assert objects["module"].model.encoder_key(1) == 2
+
+
+def test_scratch_refuses_init_from_in_one_line(compose_cfg, tiny_data_root, tmp_path):
+    overrides = tiny_train_overrides(tiny_data_root, tmp_path, "finetune")
+    overrides += ["finetune.enabled=false", f"init_from={tmp_path / 'x.ckpt'}"]
+    with pytest.raises(ValueError, match="finetune.enabled=false trains from scratch") as e:
+        train(compose_cfg("train", overrides))
+    assert "\n" not in str(e.value) and "init_from=" in str(e.value)
+    assert not (tmp_path / "config.yaml").exists()
+
+
+def test_scratch_run_resumes_with_ckpt_path_alone(compose_cfg, tiny_data_root, tmp_path):
+    keep = [
+        o
+        for o in tiny_train_overrides(tiny_data_root, tmp_path, "finetune")
+        if not o.startswith(("trainer.max_epochs=", "paths.output_dir="))
+    ]
+    first = [*keep, "finetune.enabled=false", "trainer.max_steps=3"]
+    train(compose_cfg("train", [*first, f"paths.output_dir={tmp_path}"]), overrides=first)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    merged = resume_overrides([f"ckpt_path={last}", "trainer.max_steps=4"])
+    assert "finetune.enabled=false" in merged
+    _, objects = train(compose_cfg("train", merged), overrides=merged)
+    assert objects["trainer"].global_step == 4
+    assert objects["output_dir"] == tmp_path
+
+
+def test_make_pretrain_trains_then_writes_the_card():
+    r = subprocess.run(
+        ["make", "-n", "pretrain", "PRETRAIN_DIR=out/pt", "PRETRAIN_DATA=d", "PY=py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = r.stdout.replace("\\\n", " ").splitlines()
+    train_at = next(i for i, s in enumerate(lines) if "train.py experiment=pretrain" in s)
+    assert "paths.data_dir=d" in lines[train_at] and "hydra.run.dir=out/pt" in lines[train_at]
+    card_at = next(i for i, s in enumerate(lines) if "-m walrus.training.model_card out/pt" in s)
+    assert card_at > train_at
+    assert any("out/pt/.made-by-make-demo" in s for s in lines[:train_at])  # the marker rule
+
+
+# ---------------------------------------------------------------------- transfer benchmark
+
+
+def _result(held, seed, ft, scratch):
+    """One run record of benchmarks.transfer with VRMSE ``ft`` / ``scratch`` in every window."""
+
+    def test(v):
+        windows = {"1": v, "2-10": 2 * v}
+        return {"model": {k: dict(windows) for k in transfer.MEASURES}}
+
+    return {
+        "held_out": held,
+        "seed": seed,
+        "models": {"finetune 3": {"test": test(ft)}, "scratch 3": {"test": test(scratch)}},
+    }
+
+
+def test_transfer_summary_table_and_readme(tmp_path):
+    runs = [_result("burgers_1d", 0, 0.2, 0.4), _result("burgers_1d", 1, 0.4, 0.6)]
+    summary = transfer.summarize(runs)["burgers_1d"]
+    ft = summary["models"]["finetune 3"]["vrmse"]
+    assert ft["1"]["mean"] == pytest.approx(0.3) and ft["2-10"]["mean"] == pytest.approx(0.6)
+    assert ft["1"]["std"] == pytest.approx(0.1414, abs=1e-4) and ft["1"]["n"] == 2
+    assert summary["ft_over_scratch"]["3"]["1"] == pytest.approx(0.3 / 0.5)
+    data = {"summary": transfer.summarize(runs), "record": {"commit": "abc", "dirty": True}}
+    table = transfer.render_table(data)
+    assert "| burgers_1d | finetune 3 | 0.3 ± 0.14 | 0.6 ± 0.28 |" in table
+    assert "| burgers_1d | fine-tuned / scratch, 3 steps | 0.60 | 0.60 |" in table
+    assert "commit abc (dirty)" in table
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{transfer.START}\nold\n{transfer.END}\noutro\n")
+    transfer.render_readme(readme, data)
+    text = readme.read_text()
+    assert text.startswith(f"intro\n{transfer.START}\n| held out |") and "old" not in text
+    assert text.endswith(f"{transfer.END}\noutro\n")
+    readme.write_text("no markers\n")
+    with pytest.raises(transfer.BenchmarkError, match="README.md: no <!-- transfer-table:start"):
+        transfer.render_readme(readme, data)
+
+
+def test_transfer_refuses_too_few_test_trajectories(tiny_data_root, tmp_path, capsys):
+    args = ["--systems", "navier_stokes_2d,gray_scott_2d", "--held-out", "gray_scott_2d"]
+    args += ["--data-root", str(tiny_data_root), "--results-dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as e:
+        transfer.main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "gray_scott_2d: 1 test trajectories, fewer than --min-test-trajectories 8" in err
+    assert "\n" not in err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_transfer_smoke(tmp_path):
+    from walrus.data.synthetic import generate
+
+    root = tmp_path / "data"
+    for system in ("navier_stokes_2d", "gray_scott_2d"):
+        generate(system, root, n_traj=(2, 1, 8), resolution=32, steps=12, progress=False)
+    tiny = [*tiny_train_overrides(root, tmp_path, "finetune")[1:]]
+    tiny = [o for o in tiny if not o.startswith(("paths.", "trainer.max_epochs", "data.gen"))]
+    args = ["--systems", "navier_stokes_2d,gray_scott_2d", "--held-out", "gray_scott_2d"]
+    args += ["--data-root", str(root), "--results-dir", str(tmp_path / "res")]
+    args += ["--work-dir", str(tmp_path / "work"), "--pretrain-time", "3", "--seeds", "0"]
+    args += ["--finetune-steps", "2", "--scratch-lrs", "1e-3,3e-4"]
+    args += [f"--override={o}" for o in tiny]
+    data = transfer.main(args)
+    saved = json.loads((tmp_path / "res" / "transfer.json").read_text())
+    assert saved["summary"] == data["summary"]
+    (run,) = saved["runs"]
+    assert run["pretrain"]["systems"] == ["navier_stokes_2d"] and run["pretrain"]["cpu_s"] > 0
+    models = run["models"]
+    assert set(models) == {"finetune 2", "scratch 2", "scratch pretrain-cpu+2", "persistence"}
+    assert models["finetune 2"]["steps"] == 2 and models["scratch 2"]["steps"] == 2
+    assert models["scratch 2"]["lr"] in (1e-3, 3e-4) and len(models["scratch 2"]["val_by_lr"]) == 2
+    assert models["finetune 2"]["test"]["trajectories"] == 8
+    assert set(models["finetune 2"]["test"]["model"]) == set(transfer.MEASURES)
+    assert not Path(run["dataset"]).is_absolute() and saved["record"]["commit"]
