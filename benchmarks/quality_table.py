@@ -7,8 +7,8 @@
   windowed rollout VRMSE (mean over fields). Files written by ``benchmarks.quality`` with seeds
   (``format: quality/2``) show ``mean ± std`` over seeds and the ratios of the means of ours to
   the FNO's and to persistence's; older single-seed files show plain values and ours / FNO.
-- The sweep file (default ``benchmarks/results/model_sweep.json`` when it exists): one row per
-  candidate, ranked as ``benchmarks.model_sweep`` ranks them.
+- The sweep files (default ``benchmarks/results/model_sweep*.json``): one table each, one row
+  per candidate, ranked as ``benchmarks.model_sweep`` ranks them.
 
 Without ``--write-readme`` the tables are printed. With it, the text between
 ``<!-- quality-table:start -->`` and ``<!-- quality-table:end -->`` in README.md (and between the
@@ -131,8 +131,9 @@ def sweep_markdown(data: Mapping[str, Any]) -> str:
     if not ranked:
         return f"(no finished runs in the sweep at {data['budget']['label']})"
     cols = list(ranked[0])
+    datasets = ", ".join(sorted({str(r["dataset"]) for r in data["runs"]}))
     lines = [
-        f"Budget {data['budget']['label']} per run, scored on the {data['split']} split.",
+        f"{datasets}: budget {data['budget']['label']} per run, scored on the {data['split']} split.",
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
@@ -155,11 +156,15 @@ def replace_between(text: str, marker: str, body: str, source: str = "README.md"
     return f"{text[: i + len(start)]}\n{body}\n{text[j:]}"
 
 
-def write_readme(quality: Sequence[Path], sweep: Path | None = None, readme: Path = README) -> Path:
-    """Replace the marked tables of ``readme`` (atomically) with those rendered from the JSON."""
+def write_readme(
+    quality: Sequence[Path], sweep: Path | Sequence[Path] | None = None, readme: Path = README
+) -> Path:
+    """Replace the marked tables of ``readme`` (atomically) with those rendered from the JSON
+    (``sweep``: one sweep file or several, one table each)."""
     text = replace_between(readme.read_text(), "quality-table", markdown(quality), readme.name)
-    if sweep is not None:
-        body = sweep_markdown(json.loads(sweep.read_text()))
+    sweeps = [sweep] if isinstance(sweep, Path) else list(sweep or [])
+    if sweeps:
+        body = "\n\n".join(sweep_markdown(json.loads(p.read_text())) for p in sweeps)
         text = replace_between(text, "sweep-table", body, readme.name)
     with atomic_path(readme) as tmp:
         tmp.write_text(text)
@@ -170,22 +175,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     """CLI entry point; a missing file or marker exits 2 with a one-line message."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="quality JSON files")
-    parser.add_argument("--sweep", type=Path, help="model sweep JSON")
+    parser.add_argument(
+        "--sweep", type=Path, action="append", help="model sweep JSON (repeat for several)"
+    )
     parser.add_argument("--write-readme", action="store_true", help="update README.md's tables")
     parser.add_argument("--readme", type=Path, default=README, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     files = args.files or sorted(RESULTS_DIR.glob("quality*.json"))
-    sweep = args.sweep
-    if sweep is None and (RESULTS_DIR / "model_sweep.json").is_file():
-        sweep = RESULTS_DIR / "model_sweep.json"
+    sweep = args.sweep or sorted(RESULTS_DIR.glob("model_sweep*.json"))
     try:
         if args.write_readme:
             print(f"wrote {write_readme(files, sweep, args.readme)}")
             return
         print(markdown(files))
-        if sweep is not None:
+        for path in sweep:
             print()
-            print(sweep_markdown(json.loads(sweep.read_text())))
+            print(sweep_markdown(json.loads(path.read_text())))
     except (OSError, ValueError) as e:
         print(f"benchmarks.quality_table: {e}", file=sys.stderr)
         raise SystemExit(2) from None

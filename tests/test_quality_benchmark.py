@@ -465,6 +465,7 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
     runs = [
         {
             "candidate": c,
+            "dataset": "gs",
             "score": s,
             "rollout": {"1": s},
             "amplitude_ratio": {},
@@ -495,6 +496,17 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
     sweep_rows = [ln for ln in lines if ln.startswith("| a |") or ln.startswith("| b |")]
     assert [r[:5] for r in sweep_rows] == ["| a |", "| b |"]  # ranked by validation score
     assert text.index("middle") < text.index("| a |") < text.rindex("\nend\n")
+    assert "gs: budget 90 cpu-s per run, scored on the valid split." in text
+    # several sweep files: one table each, in the order given
+    other = json.loads((tmp_path / "sweep.json").read_text())
+    other["runs"] = [{**r, "dataset": "ns"} for r in other["runs"]]
+    (tmp_path / "sweep_ns.json").write_text(json.dumps(other))
+    qt.write_readme(
+        [tmp_path / "quality.json"], [tmp_path / "sweep_ns.json", tmp_path / "sweep.json"], readme
+    )
+    text = readme.read_text()
+    assert text.index("ns: budget 90 cpu-s") < text.index("gs: budget 90 cpu-s")
+    assert text.count("| a |") == 2
 
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="README.md: needs exactly one <!-- quality-table:start"):
