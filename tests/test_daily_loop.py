@@ -120,7 +120,10 @@ def test_finetune_resumes_with_ckpt_path_alone_in_its_own_folder(
 
 def test_resume_refuses_changed_options_in_one_line(compose_cfg, tiny_data_root, tmp_path):
     run = tmp_path / "run"
-    _run(compose_cfg, _overrides(tiny_data_root, run, "quickstart", "trainer.max_steps=1"), run)
+    first = _overrides(
+        tiny_data_root, run, "quickstart", "trainer.max_steps=1", "optimizer.lr=0.002"
+    )
+    _run(compose_cfg, first, run)
     before = (run / "config.yaml").read_text()
     merged = resume_overrides(
         [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "optimizer.lr=0.5", "model.dim=64"]
@@ -132,7 +135,7 @@ def test_resume_refuses_changed_options_in_one_line(compose_cfg, tiny_data_root,
     assert (
         "only trainer.max_steps, trainer.max_epochs, trainer.max_time, logging and the" in message
     )
-    assert "model.dim (run: 32, now: 64)" in message and "optimizer.lr (run: 0.001, now: 0.5)" in (
+    assert "model.dim (run: 32, now: 64)" in message and "optimizer.lr (run: 0.002, now: 0.5)" in (
         message
     )
     assert (run / "config.yaml").read_text() == before  # the run's record is untouched
@@ -221,7 +224,12 @@ def test_tensorboard_records_the_config_and_continues_on_resume(
 ):
     run = tmp_path / "run"
     first = _overrides(
-        tiny_data_root, run, "quickstart", "logger=tensorboard", "trainer.max_steps=2"
+        tiny_data_root,
+        run,
+        "quickstart",
+        "logger=tensorboard",
+        "trainer.max_steps=2",
+        "optimizer.lr=0.002",
     )
     _run(compose_cfg, first, run)
     _run(
@@ -230,7 +238,7 @@ def test_tensorboard_records_the_config_and_continues_on_resume(
     )
     board = run / "tensorboard"
     hparams = yaml.safe_load((board / "hparams.yaml").read_text())
-    assert hparams["optimizer"]["lr"] == 1.0e-3 and hparams["model"]["dim"] == 32
+    assert hparams["optimizer"]["lr"] == 0.002 and hparams["model"]["dim"] == 32
     assert len(list(board.glob("events.out.tfevents.*"))) >= 2  # one folder, both sessions
 
 
@@ -245,6 +253,7 @@ def test_wandb_offline_run_has_config_name_and_resumes_by_id(
     first = [
         *_overrides(tiny_data_root, run, "quickstart", "logger=wandb"),
         "trainer.max_steps=2",
+        "optimizer.lr=0.002",
     ]
     _, objects = _run(compose_cfg, first, run)
     logger = objects["trainer"].logger
@@ -253,7 +262,7 @@ def test_wandb_offline_run_has_config_name_and_resumes_by_id(
     shown = ProgressBar().get_metrics(objects["trainer"], objects["module"])
     assert name == wandb_run_name("quickstart", first) and name.startswith("quickstart model=tiny ")
     assert "paths." not in name and "logger=" not in name and "experiment=" not in name
-    assert config["optimizer"]["lr"] == 1.0e-3  # the resolved config
+    assert config["optimizer"]["lr"] == 0.002  # the resolved config
     assert "anonymous" not in logger._wandb_init  # W&B warns "has no effect" whenever it is set
     assert "v_num" not in shown
 

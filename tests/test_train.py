@@ -255,6 +255,7 @@ def test_finetune_with_conflicting_fields_is_reported(compose_cfg, tiny_data_roo
         )
 
 
+@pytest.mark.slow  # .ci/run runs it after make test
 def test_ddp_two_cpu_processes_shard_data_and_stay_in_sync(tiny_data_root, tmp_path):
     overrides = [
         o for o in tiny_train_overrides(tiny_data_root, tmp_path) if not o.startswith("trainer=")
@@ -293,6 +294,7 @@ def test_training_options_run(compose_cfg, tiny_data_root, tmp_path, options):
     assert module.predict_delta == ("module.predict_delta=false" not in options)
 
 
+@pytest.mark.slow  # .ci/run runs it after make test
 def test_torch_compile_option_trains(compose_cfg, tiny_data_root, tmp_path):
     metrics, objects = _train(
         compose_cfg, tiny_data_root, tmp_path, "debug=fast_dev_run", "module.compile=true"
