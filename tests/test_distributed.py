@@ -93,6 +93,7 @@ def test_fresh_run_holds_only_the_data_dimensionality(compose_cfg, tiny_data_roo
     assert ckpt["walrus"]["model_config"]["include_d"] == [2]
 
 
+@pytest.mark.slow  # .ci/run runs it after make test
 def test_ddp_two_gloo_processes_without_unused_parameter_search(tiny_data_root, tmp_path):
     """``trainer=ddp`` (find_unused_parameters: false) trains with 2 CPU processes."""
     overrides = [

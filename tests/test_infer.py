@@ -369,6 +369,7 @@ def test_jitter_seeded_and_bf16(toy: dict[str, Path], tmp_path: Path) -> None:
     np.testing.assert_allclose(bf16, plain, rtol=0.2)
 
 
+@pytest.mark.slow  # .ci/run runs it after make test
 def test_ddp_two_processes_match_single_process(toy: dict[str, Path], tmp_path: Path) -> None:
     single = run(compose_infer([*base_overrides(toy, tmp_path / "one"), "steps=4", "batch_size=1",
                                 "plots=false"]))  # fmt: skip
