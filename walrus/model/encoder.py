@@ -353,13 +353,16 @@ class PatchEncoder(nn.Module):
         self.proj2 = conv(inter_dim, dim, s2, stride=s2, bias=False)
         self.norm2 = RMSGroupNorm(dim, groups, norm_eps, channels_last=True)
 
-    def forward(self, x: Tensor, active: Sequence[bool]) -> Tensor:
+    def forward(self, x: Tensor, active: Sequence[bool], embed: Tensor | None = None) -> Tensor:
         """Encode.
 
         Args:
             x: ``(N, P, *padded)`` over the k active axes; each padded length a multiple of
-                ``s1 * s2``.
+                ``s1 * s2``. With ``embed``: ``(N, E, *padded)``.
             active: per axis of the weights (at least ``d`` entries), whether it is present.
+            embed: ``(P, E)``, a per-point linear map applied to ``x`` first, folded into the
+                stage-1 weight (``E * s1^d`` columns instead of ``P * s1^d``: a narrow input
+                is rearranged and multiplied far cheaper than its embedding).
 
         Returns:
             ``(N, dim, *latent)`` with ``latent = padded // (s1 * s2)``: a channels-last
@@ -373,8 +376,10 @@ class PatchEncoder(nn.Module):
         perm = [0, *(2 + 3 * i for i in range(k)), *(3 + 3 * i for i in range(k)), 1]
         x = x.permute(*perm, *(4 + 3 * i for i in range(k)))
         x = x.reshape(-1, p * s1**k)  # (N * G * s2^k, P * s1^k) contiguous
-        w1 = _patch_kernel(self.proj1.weight, act).reshape(self.proj1.out_channels, -1)
-        h = x @ w1.t()  # (N * G * s2^k, inter)
+        w1 = _patch_kernel(self.proj1.weight, act)  # (inter, P, *[s1] * k)
+        if embed is not None:
+            w1 = torch.einsum("op...,pe->oe...", w1, embed)  # (inter, E, *[s1] * k)
+        h = x @ w1.reshape(w1.shape[0], -1).t()  # (N * G * s2^k, inter)
         h = F.silu(self.norm1(h.view(n, -1, h.shape[-1])))  # (N, G * s2^k, inter)
         # stage 2 input per latent token: its s2^k stage-1 tokens, channels last
         w2 = _patch_kernel(self.proj2.weight, act)  # (dim, inter, *[s2] * k)
@@ -390,9 +395,16 @@ class PatchDecoder(nn.Module):
     batch's fields are computed. The weights keep the layout of transposed convs with
     kernel = stride (``ConvTranspose{d}d`` modules hold them); the output is rearranged once.
 
+    With ``overlap`` the last stage's kernel is ``2 * s1`` at stride ``s1``: each stage-1 token
+    writes a ``(2 s1)^d`` patch centred on its own ``s1^d`` cell (offset ``s1 // 2``), the
+    ``2^d`` halves are overlap-added, and what falls past an axis is wrapped around where that
+    axis is periodic, dropped elsewhere (a transposed conv with padding ``s1 // 2``, circular
+    on periodic axes). Neighbouring patches then blend instead of meeting at seams.
+
     Args:
         dim, inter_dim, kernels, n_dims, groups, norm_eps: as :class:`PatchEncoder`.
         n_fields: vocabulary size.
+        overlap: last-stage kernel ``2 * s1`` instead of ``s1``.
     """
 
     def __init__(
@@ -404,16 +416,23 @@ class PatchDecoder(nn.Module):
         n_dims: int,
         groups: int,
         norm_eps: float = 1e-6,
+        overlap: bool = False,
     ):
         super().__init__()
         s1, s2 = kernels
-        self.kernels, self.n_dims = (s1, s2), n_dims
+        self.kernels, self.n_dims, self.overlap = (s1, s2), n_dims, overlap
         conv_t = CONV_T_ND[n_dims]
         self.proj1 = conv_t(dim, inter_dim, s2, stride=s2, bias=False)
         self.norm1 = RMSGroupNorm(inter_dim, groups, norm_eps, channels_last=True)
-        self.proj2 = conv_t(inter_dim, n_fields, s1, stride=s1)
+        self.proj2 = conv_t(inter_dim, n_fields, 2 * s1 if overlap else s1, stride=s1)
 
-    def forward(self, x: Tensor, fields: Tensor, active: Sequence[bool]) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        fields: Tensor,
+        active: Sequence[bool],
+        wrap: Sequence[bool] | None = None,
+    ) -> Tensor:
         """Decode.
 
         Args:
@@ -421,6 +440,8 @@ class PatchDecoder(nn.Module):
                 through ``movedim``, as :class:`PatchEncoder` returns: then no copy is made).
             fields: ``(C,)`` long vocabulary ids on the weight's device.
             active: per axis of the weights (at least ``d`` entries), whether it is present.
+            wrap: per active axis, whether an overlapping patch wraps around it (periodic,
+                unpadded); default none. Unused without ``overlap``.
 
         Returns:
             ``(N, C, *padded)`` with ``padded = latent * s1 * s2``.
@@ -434,8 +455,15 @@ class PatchDecoder(nn.Module):
         w1 = w1.permute(0, *range(2, 2 + k), 1).reshape(w1.shape[0], -1)  # (dim, s2^k * inter)
         h = (z @ w1).view(n, -1, inter)  # (N, G * s2^k, inter)
         h = F.silu(self.norm1(h)).view(-1, inter)  # (N * G * s2^k, inter)
-        w2 = _patch_kernel(self.proj2.weight[:, fields], act)  # (inter, C, *[s1] * k)
+        w2 = _patch_kernel(self.proj2.weight[:, fields], act)  # (inter, C, *[s1 or 2 s1] * k)
         c = w2.shape[1]
+        if self.overlap:
+            # stage-1 tokens back on their grid, (N, inter, *[g * s2]), then one transposed conv
+            perm = [0, 1 + 2 * k, *(v for i in range(k) for v in (1 + i, 1 + k + i))]
+            h = h.view(n, *grid, *[s2] * k, inter).permute(*perm)
+            h = h.reshape(n, inter, *[g * s2 for g in grid])
+            wrap = [False] * k if wrap is None else wrap
+            return _overlap_transposed(h, w2, self.proj2.bias[fields], s1, wrap)
         bias = self.proj2.bias[fields].repeat_interleave(s1**k)  # (C * s1^k,)
         y = torch.addmm(bias, h, w2.reshape(inter, -1))  # (N * G * s2^k, C * s1^k)
         # (N, *g, *[s2] * k, C, *[s1] * k) -> (N, C, g1, s2, s1, g2, s2, s1, ...)
@@ -443,3 +471,31 @@ class PatchDecoder(nn.Module):
         perm = [v for i in range(k) for v in (1 + i, 1 + k + i, 2 + 2 * k + i)]
         y = y.permute(0, 1 + 2 * k, *perm)
         return y.reshape(n, c, *[g * s1 * s2 for g in grid])
+
+
+def _overlap_transposed(
+    h: Tensor, w: Tensor, bias: Tensor, s1: int, wrap: Sequence[bool]
+) -> Tensor:
+    """Transposed conv with kernel ``2 s1`` at stride ``s1``, centred (offset ``s1 // 2``),
+    circular on the ``wrap`` axes.
+
+    Args:
+        h: ``(N, inter, *Lt)`` tokens on their grid.
+        w: ``(inter, C, *[2 s1] * k)``.
+        bias: ``(C,)``.
+        s1: the stride.
+        wrap: per axis, circular (the overhang wraps around) instead of dropped.
+
+    Returns:
+        ``(N, C, *L)`` with ``L = Lt * s1`` per axis.
+    """
+    k = h.ndim - 2
+    lengths = [n * s1 for n in h.shape[2:]]
+    for i, w_i in enumerate(wrap):  # one token of circular padding on each wrapped side
+        if w_i:
+            ax = 2 + i
+            h = torch.cat([h.narrow(ax, h.shape[ax] - 1, 1), h, h.narrow(ax, 0, 1)], dim=ax)
+    y = CONV_T[k](h, w, bias, stride=s1)  # (N, C, *(Lt + 1 [+ 2]) * s1)
+    for i, (length, w_i) in enumerate(zip(lengths, wrap)):
+        y = y.narrow(2 + i, s1 // 2 + (s1 if w_i else 0), length)
+    return y
