@@ -313,3 +313,41 @@ def test_small_forward_flops_near_flop_counter_on_its_own_kernels():
     report = account(lambda: model(x, torch.arange(channels), bcs), fake=False)
     analytic = forward_flops(model, 1, frames, channels, grid, bcs)["total"]
     assert report.flops == pytest.approx(analytic, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "spatial, bcs",
+    [
+        ((21,), [[PERIODIC, PERIODIC]]),
+        ((16, 13), [[PERIODIC, PERIODIC], [WALL, OPEN]]),
+        ((9, 8, 5), [[OPEN, OPEN], [WALL, WALL], [PERIODIC, PERIODIC]]),
+        ((16, 1), [[WALL, WALL], [PERIODIC, PERIODIC]]),
+    ],
+)
+@pytest.mark.parametrize("jitter_seed", [None, 5])
+def test_folded_embedding_equals_embedding_then_encoder(spatial, bcs, jitter_seed):
+    """The patch forward folds field embedding, boundary tokens and bias into the first GEMM;
+    it equals embedding, padding with tokens and encoding one after the other (the path taken
+    while input dropout is active), values and gradients, in float64."""
+    model = patch_model().double().train()
+    _randomise(model)
+    x = torch.randn(2, 3, 2, *spatial, dtype=torch.float64)
+    fields = torch.tensor([1, 4])
+
+    def run(drop: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        torch.manual_seed(1)  # the same jitter draws in training mode
+        model.input_drop.p = drop
+        assert model.embedding_folded() == (drop == 0)
+        y = model(x, fields, bcs, jitter_seed=jitter_seed)
+        (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
+        return y.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    folded, g_folded = run(0.0)
+    unfolded, g_unfolded = run(1e-300)  # dropout active, keeps every value: the unfolded path
+    torch.testing.assert_close(folded, unfolded, rtol=1e-10, atol=1e-10)
+    assert len(g_folded) == len(g_unfolded)
+    for a, b in zip(g_folded, g_unfolded):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    if any(bc[0] != PERIODIC for bc in bcs):  # the boundary tokens reached the output
+        assert model.patch_jitterer.padding_tokens.grad.abs().max() > 0

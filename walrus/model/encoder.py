@@ -353,13 +353,18 @@ class PatchEncoder(nn.Module):
         self.proj2 = conv(inter_dim, dim, s2, stride=s2, bias=False)
         self.norm2 = RMSGroupNorm(dim, groups, norm_eps, channels_last=True)
 
-    def forward(self, x: Tensor, active: Sequence[bool]) -> Tensor:
+    def forward(
+        self, x: Tensor, active: Sequence[bool], embed: Tensor | None = None
+    ) -> Tensor:
         """Encode.
 
         Args:
             x: ``(N, P, *padded)`` over the k active axes; each padded length a multiple of
-                ``s1 * s2``.
+                ``s1 * s2``. With ``embed``: ``(N, E, *padded)``.
             active: per axis of the weights (at least ``d`` entries), whether it is present.
+            embed: ``(P, E)``, a per-point linear map applied to ``x`` first, folded into the
+                stage-1 weight (``E * s1^d`` columns instead of ``P * s1^d``: a narrow input
+                is rearranged and multiplied far cheaper than its embedding).
 
         Returns:
             ``(N, dim, *latent)`` with ``latent = padded // (s1 * s2)``: a channels-last
@@ -373,8 +378,10 @@ class PatchEncoder(nn.Module):
         perm = [0, *(2 + 3 * i for i in range(k)), *(3 + 3 * i for i in range(k)), 1]
         x = x.permute(*perm, *(4 + 3 * i for i in range(k)))
         x = x.reshape(-1, p * s1**k)  # (N * G * s2^k, P * s1^k) contiguous
-        w1 = _patch_kernel(self.proj1.weight, act).reshape(self.proj1.out_channels, -1)
-        h = x @ w1.t()  # (N * G * s2^k, inter)
+        w1 = _patch_kernel(self.proj1.weight, act)  # (inter, P, *[s1] * k)
+        if embed is not None:
+            w1 = torch.einsum("op...,pe->oe...", w1, embed)  # (inter, E, *[s1] * k)
+        h = x @ w1.reshape(w1.shape[0], -1).t()  # (N * G * s2^k, inter)
         h = F.silu(self.norm1(h.view(n, -1, h.shape[-1])))  # (N, G * s2^k, inter)
         # stage 2 input per latent token: its s2^k stage-1 tokens, channels last
         w2 = _patch_kernel(self.proj2.weight, act)  # (dim, inter, *[s2] * k)

@@ -43,8 +43,14 @@ class FieldEmbedding(nn.Module):
             ``(N, dim, *spatial)``.
         """
         n, c = x.shape[:2]
-        scale = math.sqrt(self.n_fields / c)
-        w = self.linear.weight[:, fields] * scale  # (dim, C)
-        bias = self.linear.bias * scale if self.scale_bias else self.linear.bias  # (dim,)
+        w, bias = self.weight_and_bias(fields)  # (dim, C), (dim,)
         y = F.conv1d(x.reshape(n, c, -1), w[:, :, None], bias)  # (N, dim, S)
         return y.view(n, -1, *x.shape[2:])
+
+    def weight_and_bias(self, fields: Tensor) -> tuple[Tensor, Tensor]:
+        """The projection applied to a batch with ``fields`` ``(C,)``: ``(dim, C)`` weight
+        (rescaled) and ``(dim,)`` bias."""
+        scale = math.sqrt(self.n_fields / fields.numel())
+        w = self.linear.weight[:, fields] * scale  # (dim, C)
+        bias = self.linear.bias * scale if self.scale_bias else self.linear.bias  # (dim,)
+        return w, bias

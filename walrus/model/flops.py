@@ -85,10 +85,12 @@ def forward_flops(
     costs ``2 * out_positions * c_in * c_out * k^a`` over the ``a`` axes longer than one point
     (kernels summed over the others), a transposed one ``2 * in_positions * c_in * c_out * k^a``
     (with the periodic wrap of the current official layout); the patch form is the case
-    ``k = s``.
+    ``k = s``. Where the patch encoder folds the field embedding into its first GEMM
+    (:meth:`Walrus.embedding_folded`), the embedding costs only the fold and the first stage
+    reads the raw fields and 3 flag channels.
 
     Args:
-        model: the model (its config and padding plan give the shapes).
+        model: the model (its config, padding plan and train/eval mode give the shapes).
         batch, frames, channels: ``B``, ``T`` and ``C`` of the input.
         spatial: the spatial shape.
         bcs: boundary codes per spatial axis, as for the model's forward.
@@ -102,9 +104,14 @@ def forward_flops(
     n_in = batch * frames
     n_out = batch * (frames if cfg.causal else 1)
     inter, dim = cfg.intermediate_dim, cfg.dim
-    c_in = channels + 3 if model.space_bag is None else cfg.projection_dim  # encoder input
-    embedding = 0  # the current official layout has no embedding: raw fields + 3 flags
-    if model.space_bag is not None:
+    folded = model.embedding_folded()
+    # encoder input: raw fields + 3 flags (the current official layout, and the patch encoder
+    # with the embedding folded into its first GEMM), else the embedded fields
+    c_in = channels + 3 if model.space_bag is None or folded else cfg.projection_dim
+    embedding = 0  # the current official layout has no embedding
+    if folded:  # the weight fold, once per forward
+        embedding = 2 * inter * cfg.projection_dim * c_in * k1**a
+    elif model.space_bag is not None:
         embedding = 2 * n_in * math.prod(spatial) * channels * cfg.projection_dim
     l1 = [(n - k1) // s1 + 1 for n, (s1, _) in zip(padded, strides)]
     l2 = [(n - k2) // s2 + 1 for n, (_, s2) in zip(l1, strides)]

@@ -531,6 +531,12 @@ class Walrus(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
+    def embedding_folded(self) -> bool:
+        """Whether a forward now folds the field embedding into the patch encoder's first GEMM
+        (patch encoder with a field embedding, input dropout off or in eval mode)."""
+        active_drop = self.training and self.input_drop.p > 0
+        return self.patch and self.space_bag is not None and not active_drop
+
     def forward(
         self,
         x: Tensor,
@@ -584,6 +590,14 @@ class Walrus(nn.Module):
         if self.space_bag is None:  # current official layout: raw fields + flag channels
             h = flag_jitter(self.input_drop(x * self.encoder_dummy), plans)  # (B*T, C+3, *pad)
             z = self.embed[str(key)](h, fields, active, strides)  # (B*T, D, *latent)
+        elif self.embedding_folded():
+            # Embedding, boundary tokens and the first patch GEMM are all linear: pad the raw
+            # fields with flag channels and fold [weight | bias | wall | open] into the GEMM.
+            w, bias = self.space_bag.weight_and_bias(fields)  # (P, C), (P,)
+            tokens = self.patch_jitterer.padding_tokens.view(2, -1)  # (2, P): wall, open
+            embed = torch.cat([w, bias[:, None], tokens.t()], dim=1)  # (P, C + 3)
+            h = flag_jitter(x, plans)  # (B*T, C + 3, *padded)
+            z = self.embed[str(key)](h, active, embed=embed)  # (B*T, D, *latent)
         else:
             h = self.space_bag(x, fields)  # (B*T, P, *sp)
             h = self.input_drop(self.patch_jitterer.jitter(h, plans))  # (B*T, P, *padded)
