@@ -351,3 +351,66 @@ def test_folded_embedding_equals_embedding_then_encoder(spatial, bcs, jitter_see
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     if any(bc[0] != PERIODIC for bc in bcs):  # the boundary tokens reached the output
         assert model.patch_jitterer.padding_tokens.grad.abs().max() > 0
+
+
+def _fold_periodic(y: torch.Tensor, ax: int, length: int) -> torch.Tensor:
+    """Wrap what lies past ``length`` on axis ``ax`` around onto the start."""
+    over = y.shape[ax] - length
+    head = y.narrow(ax, 0, over) + y.narrow(ax, length, over)
+    return torch.cat([head, y.narrow(ax, over, length - over)], dim=ax)
+
+
+@pytest.mark.parametrize("s1", [3, 4])
+@pytest.mark.parametrize(
+    "d, active, grid, wrap",
+    [
+        (1, [True], (3,), [True]),
+        (1, [True], (3,), [False]),
+        (2, [True, True], (2, 3), [True, False]),
+        (3, [True, True, True], (2, 1, 3), [False, True, True]),
+        (3, [True, False, True], (2, 3), [True, True]),  # 2D data on the 3D set
+    ],
+)
+def test_overlapping_patch_decoder_equals_centred_transposed_conv(s1, d, active, grid, wrap):
+    """``overlap``: the last stage is a transposed conv with kernel 2 s1 at stride s1, cropped
+    to be centred (offset s1 // 2) and wrapped around the periodic axes."""
+    s2 = 2
+    dec = PatchDecoder(12, 8, 7, (s1, s2), d, groups=4, overlap=True).double()
+    _randomise(dec)
+    assert dec.proj2.weight.shape[2:] == (2 * s1,) * d
+    fields = torch.tensor([5, 0, 3])
+    x = torch.randn(2, *grid, 12, dtype=torch.float64).movedim(-1, 1)
+    got = dec(x, fields, active, wrap)
+    conv_t = CONV_T[len(grid)]
+    ref = conv_t(x, _squeeze(dec.proj1.weight, active), stride=s2)
+    ref = F.silu(_norm(dec.norm1)(ref))
+    ref = conv_t(ref, _squeeze(dec.proj2.weight[:, fields], active), stride=s1)
+    lengths = [g * s1 * s2 for g in grid]
+    for i, (length, w) in enumerate(zip(lengths, wrap)):
+        if w:
+            ref = _fold_periodic(ref, 2 + i, length).roll(-(s1 // 2), 2 + i)
+        else:
+            ref = ref.narrow(2 + i, s1 // 2, length)
+    ref = ref + dec.proj2.bias[fields].view(1, 3, *[1] * len(grid))
+    assert got.shape == (2, 3, *lengths)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_overlapping_decoder_runs_in_models():
+    """Models with ``decoder_overlap`` build 2 s1 kernels and run on 1D-3D data with any
+    boundaries (jittered); the option needs the patch encoder."""
+    model = patch_model(decoder_overlap=True).eval()
+    assert model.debed["2"].proj2.weight.shape[2:] == (8, 8)
+    assert patch_model().debed["2"].proj2.weight.shape[2:] == (4, 4)
+    for spatial, bcs in (
+        ((21,), [[PERIODIC, PERIODIC]]),
+        ((16, 13), [[PERIODIC, PERIODIC], [WALL, OPEN]]),
+        ((9, 8, 5), [[OPEN, OPEN], [WALL, WALL], [PERIODIC, PERIODIC]]),
+        ((3, 16), [[PERIODIC, PERIODIC], [PERIODIC, PERIODIC]]),  # padded periodic axis
+    ):
+        x = torch.randn(2, 3, 2, *spatial)
+        for seed in (None, 3):
+            y = model(x, torch.tensor([1, 4]), bcs, jitter_seed=seed)
+            assert y.shape == x.shape and torch.isfinite(y).all()
+    with pytest.raises(ValueError, match="decoder_overlap"):
+        patch_model(encoder="conv", kernel_sizes=[8, 4], decoder_overlap=True)

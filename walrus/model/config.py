@@ -35,7 +35,7 @@ _INTS = {
     "rel_pos_max_distance",
 }
 _FLOATS = {"mlp_ratio", "drop_path", "input_drop", "layer_scale_init", "rope_max_freq"}
-_BOOLS = {"causal", "jitter", "latent_roll", "grad_checkpointing", "fused"}
+_BOOLS = {"causal", "jitter", "latent_roll", "grad_checkpointing", "fused", "decoder_overlap"}
 _STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder"}
 _INT_LISTS = {"kernel_sizes": 2, "target_latent": 3, "include_d": None, "flag_fields": 3}
 _PAIR_LISTS = {"stride_options", "strides"}
@@ -181,6 +181,9 @@ class WalrusConfig:
             dimensionality, and stride modulation (the default, and the official layout);
             ``"patch"``: non-overlapping patches (kernel = stride) run as GEMMs, with weights for
             each included dimensionality only (this project's profile only).
+        decoder_overlap: with ``encoder="patch"``, the decoder's last stage has a kernel twice
+            its stride (``2 * kernel_sizes[0]``, centred, overlap-added, wrapped around on
+            periodic axes), so neighbouring output patches blend instead of meeting at seams.
     """
 
     # Options a fine-tune (``init_from=``) or a resumed run may take from the current config;
@@ -223,6 +226,7 @@ class WalrusConfig:
     flag_fields: tuple[int, int, int] = (2, 0, 1)
     fused: bool = True
     encoder: str = "conv"
+    decoder_overlap: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -280,6 +284,8 @@ class WalrusConfig:
             raise ValueError(f"encoder={self.encoder!r} is not known; expected one of {ENCODERS}")
         if self.encoder == "patch":
             self._check_patch()
+        elif self.decoder_overlap:
+            raise ValueError("decoder_overlap applies to encoder='patch' only")
         else:
             for s1, s2 in self.stride_options + (self.strides or ()):
                 if s1 > self.kernel_sizes[0] or s2 > self.kernel_sizes[1]:

@@ -22,6 +22,8 @@ computed as reshapes and matrix products (this project's profile only).
 
 from __future__ import annotations
 
+import itertools
+
 import math
 from collections.abc import Sequence
 
@@ -353,9 +355,7 @@ class PatchEncoder(nn.Module):
         self.proj2 = conv(inter_dim, dim, s2, stride=s2, bias=False)
         self.norm2 = RMSGroupNorm(dim, groups, norm_eps, channels_last=True)
 
-    def forward(
-        self, x: Tensor, active: Sequence[bool], embed: Tensor | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor, active: Sequence[bool], embed: Tensor | None = None) -> Tensor:
         """Encode.
 
         Args:
@@ -397,9 +397,16 @@ class PatchDecoder(nn.Module):
     batch's fields are computed. The weights keep the layout of transposed convs with
     kernel = stride (``ConvTranspose{d}d`` modules hold them); the output is rearranged once.
 
+    With ``overlap`` the last stage's kernel is ``2 * s1`` at stride ``s1``: each stage-1 token
+    writes a ``(2 s1)^d`` patch centred on its own ``s1^d`` cell (offset ``s1 // 2``), the
+    ``2^d`` halves are overlap-added, and what falls past an axis is wrapped around where that
+    axis is periodic, dropped elsewhere (a transposed conv with padding ``s1 // 2``, circular
+    on periodic axes). Neighbouring patches then blend instead of meeting at seams.
+
     Args:
         dim, inter_dim, kernels, n_dims, groups, norm_eps: as :class:`PatchEncoder`.
         n_fields: vocabulary size.
+        overlap: last-stage kernel ``2 * s1`` instead of ``s1``.
     """
 
     def __init__(
@@ -411,16 +418,23 @@ class PatchDecoder(nn.Module):
         n_dims: int,
         groups: int,
         norm_eps: float = 1e-6,
+        overlap: bool = False,
     ):
         super().__init__()
         s1, s2 = kernels
-        self.kernels, self.n_dims = (s1, s2), n_dims
+        self.kernels, self.n_dims, self.overlap = (s1, s2), n_dims, overlap
         conv_t = CONV_T_ND[n_dims]
         self.proj1 = conv_t(dim, inter_dim, s2, stride=s2, bias=False)
         self.norm1 = RMSGroupNorm(inter_dim, groups, norm_eps, channels_last=True)
-        self.proj2 = conv_t(inter_dim, n_fields, s1, stride=s1)
+        self.proj2 = conv_t(inter_dim, n_fields, 2 * s1 if overlap else s1, stride=s1)
 
-    def forward(self, x: Tensor, fields: Tensor, active: Sequence[bool]) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        fields: Tensor,
+        active: Sequence[bool],
+        wrap: Sequence[bool] | None = None,
+    ) -> Tensor:
         """Decode.
 
         Args:
@@ -428,6 +442,8 @@ class PatchDecoder(nn.Module):
                 through ``movedim``, as :class:`PatchEncoder` returns: then no copy is made).
             fields: ``(C,)`` long vocabulary ids on the weight's device.
             active: per axis of the weights (at least ``d`` entries), whether it is present.
+            wrap: per active axis, whether an overlapping patch wraps around it (periodic,
+                unpadded); default none. Unused without ``overlap``.
 
         Returns:
             ``(N, C, *padded)`` with ``padded = latent * s1 * s2``.
@@ -441,8 +457,13 @@ class PatchDecoder(nn.Module):
         w1 = w1.permute(0, *range(2, 2 + k), 1).reshape(w1.shape[0], -1)  # (dim, s2^k * inter)
         h = (z @ w1).view(n, -1, inter)  # (N, G * s2^k, inter)
         h = F.silu(self.norm1(h)).view(-1, inter)  # (N * G * s2^k, inter)
-        w2 = _patch_kernel(self.proj2.weight[:, fields], act)  # (inter, C, *[s1] * k)
+        w2 = _patch_kernel(self.proj2.weight[:, fields], act)  # (inter, C, *[s1 or 2 s1] * k)
         c = w2.shape[1]
+        if self.overlap:
+            y = h @ w2.reshape(inter, -1)  # (N * G * s2^k, C * (2 s1)^k)
+            y = y.view(n, *grid, *[s2] * k, c, *[2, s1] * k)
+            out = _overlap_add(y, k, s1, [True] * k if wrap is None else wrap)
+            return out + self.proj2.bias[fields].view(1, c, *[1] * k)  # (N, C, *padded)
         bias = self.proj2.bias[fields].repeat_interleave(s1**k)  # (C * s1^k,)
         y = torch.addmm(bias, h, w2.reshape(inter, -1))  # (N * G * s2^k, C * s1^k)
         # (N, *g, *[s2] * k, C, *[s1] * k) -> (N, C, g1, s2, s1, g2, s2, s1, ...)
@@ -450,3 +471,38 @@ class PatchDecoder(nn.Module):
         perm = [v for i in range(k) for v in (1 + i, 1 + k + i, 2 + 2 * k + i)]
         y = y.permute(0, 1 + 2 * k, *perm)
         return y.reshape(n, c, *[g * s1 * s2 for g in grid])
+
+
+def _overlap_add(y: Tensor, k: int, s1: int, wrap: Sequence[bool]) -> Tensor:
+    """Overlap-add of ``2 s1``-wide patches at stride ``s1``, centred (offset ``s1 // 2``).
+
+    Args:
+        y: ``(N, *g, *[s2] * k, C, *[2, s1] * k)``: per stage-1 token, its patch split into
+            two halves per axis.
+        k: active axes.
+        s1: the stride.
+        wrap: per axis, wrap the overhang around (periodic) instead of dropping it.
+
+    Returns:
+        ``(N, C, *L)`` with ``L = g * s2 * s1`` per axis.
+    """
+    n, c = y.shape[0], y.shape[1 + 2 * k]
+    lengths = [g * s2 * s1 for g, s2 in zip(y.shape[1 : 1 + k], y.shape[1 + k : 1 + 2 * k])]
+    perm = [0, 1 + 2 * k, *(v for i in range(k) for v in (1 + i, 1 + k + i, 2 + 2 * k + i))]
+    out = None
+    for halves in itertools.product((0, 1), repeat=k):
+        index = (slice(None),) * (2 + 2 * k) + tuple(v for a in halves for v in (a, slice(None)))
+        tile = y[index].permute(*perm).reshape(n, c, *lengths)  # (N, C, *L)
+        pads = [v for a in reversed(halves) for v in (a * s1, (1 - a) * s1)]
+        tile = F.pad(tile, pads)  # (N, C, *(L + s1)): half a lands one cell on
+        out = tile if out is None else out + tile
+    p = s1 // 2
+    for i, (length, w) in enumerate(zip(lengths, wrap)):
+        ax = 2 + i
+        if w:  # the overhang wraps to the start; then centre the patches on their cells
+            head = out.narrow(ax, 0, s1) + out.narrow(ax, length, s1)
+            out = torch.cat([head, out.narrow(ax, s1, length - s1)], dim=ax)
+            out = torch.roll(out, -p, dims=ax) if p else out
+        else:
+            out = out.narrow(ax, p, length)
+    return out

@@ -188,7 +188,7 @@ class Walrus(nn.Module):
         cfg, profile = self.config, self.profile
         if self.patch:
             args = (cfg.dim, cfg.intermediate_dim, cfg.n_fields, self.kernel_sizes, n_dims)
-            return PatchDecoder(*args, cfg.groups, profile.norm_eps)
+            return PatchDecoder(*args, cfg.groups, profile.norm_eps, overlap=cfg.decoder_overlap)
         return Decoder(
             cfg.dim,
             cfg.intermediate_dim,
@@ -620,7 +620,8 @@ class Walrus(nn.Module):
         periodic_axes = [p.periodic for p in plans]
         dec = self.debed[str(key)]
         if self.patch:
-            y = dec(z, fields, active)  # (B*T', C, *padded)
+            wrap = [p.periodic and not (p.lo or p.hi) for p in plans]
+            y = dec(z, fields, active, wrap)  # (B*T', C, *padded)
         else:
             y = dec(z, fields, active, strides, periodic_axes)  # (B*T', C, *padded)
         tie = self._unused_tie(key, plans) if self.training and torch.is_grad_enabled() else None
