@@ -23,7 +23,6 @@ computed as reshapes and matrix products (this project's profile only).
 from __future__ import annotations
 
 import itertools
-
 import math
 from collections.abc import Sequence
 
