@@ -238,7 +238,7 @@ def test_patch_option_errors():
     assert cfg.kernel_sizes == (2, 2)
 
 
-@pytest.mark.parametrize("encoder", ["patch", "conv"])
+@pytest.mark.parametrize("encoder", ["patch", "patch_overlap", "conv"])
 @pytest.mark.parametrize(
     "spatial, bcs",
     [
@@ -251,9 +251,10 @@ def test_patch_option_errors():
 def test_forward_flops_match_flop_counter(encoder, spatial, bcs):
     """Exact with the math attention kernels and unfused blocks: every GEMM, conv and
     attention matmul is counted, nothing else."""
-    kernels = [4, 2] if encoder == "patch" else [8, 4]
+    kernels = [8, 4] if encoder == "conv" else [4, 2]
     model = patch_model(
-        encoder=encoder,
+        encoder="conv" if encoder == "conv" else "patch",
+        decoder_overlap=encoder == "patch_overlap",
         kernel_sizes=kernels,
         temporal_kernel="math",
         spatial_kernel="math",

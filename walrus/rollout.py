@@ -16,6 +16,11 @@ Dynamics that speed up beyond the context's pace are limited by the cap; turn it
 ``ensemble_rollout`` runs several jittered rollouts of the same trajectories side by side and
 yields their mean and spread.
 
+Jitter averaging (``jitter_average=K``): every step runs the model under K jitter draws and
+feeds the mean prediction back. A patch model's seams sit at different places in each draw,
+so the mean loses most of their high-wavenumber power before it can accumulate over steps
+(unlike an ensemble, whose members each carry their own seams to the end).
+
 Model interface: ``model(x (B, T, C, *spatial), fields (C,) long, bcs (n_spatial, 2) long, *,
 jitter_seed=None) -> (B, T', C, *spatial)`` with ``T' = T`` (causal) or ``T' = 1``.
 
@@ -46,6 +51,8 @@ CHECKPOINT = "checkpoint"
 
 # Ensemble member m rolls out with jitter seeds jitter_seed + m * MEMBER_SEED_STRIDE + step - 1.
 MEMBER_SEED_STRIDE = 1_000_003
+# Jitter-averaged draw k of a step with seed s uses seed s + k * DRAW_SEED_STRIDE.
+DRAW_SEED_STRIDE = 7_919
 
 
 def predict_next(
@@ -59,6 +66,7 @@ def predict_next(
     predict_delta: bool = True,
     jitter_seed: int | None = None,
     max_delta_scale: Tensor | None = None,
+    jitter_average: int = 1,
 ) -> Tensor:
     """Predict the frame after ``window``, in physical units.
 
@@ -73,6 +81,8 @@ def predict_next(
             normalised next frame (False).
         jitter_seed: passed to the model; ``None`` lets the model decide.
         max_delta_scale: ``(B, 1, C, 1, ...)`` upper bound on the fitted delta unit.
+        jitter_average: run the model under this many jitter draws (seeds ``jitter_seed +
+            k * DRAW_SEED_STRIDE``) and use their mean; needs ``jitter_seed`` when above 1.
 
     Returns:
         ``(B, C, *spatial)`` float32 (or wider, following ``window``) next frame.
@@ -81,11 +91,17 @@ def predict_next(
         raise ValueError(
             f"window must be (B, T, C, *spatial) with 1-3 spatial axes, got {tuple(window.shape)}"
         )
+    draws = _check_jitter_average(jitter_average, jitter_seed)
     normalizer = RMSNormalizer() if normalizer is None else normalizer
     stats = normalizer.fit(window, field_names)
     if max_delta_scale is not None:
         stats.delta_scale = torch.minimum(stats.delta_scale, max_delta_scale)
-    out = model(stats.normalize(window), field_ids, bcs, jitter_seed=jitter_seed)
+    x = stats.normalize(window)  # (B, T, C, *spatial)
+    out = model(x, field_ids, bcs, jitter_seed=jitter_seed)
+    for k in range(1, draws):  # the mean over jitter draws, summed in place
+        out = out + model(x, field_ids, bcs, jitter_seed=jitter_seed + k * DRAW_SEED_STRIDE)
+    if draws > 1:
+        out = out / draws
     if (
         not isinstance(out, Tensor)
         or out.ndim != window.ndim
@@ -115,6 +131,7 @@ def rollout(
     autocast_dtype: torch.dtype | None = None,
     check_finite: bool = True,
     cap_delta_unit: bool | None = None,
+    jitter_average: int | None = None,
 ) -> Iterator[Tensor]:
     """Roll a model out autoregressively from ``batch.input_fields``.
 
@@ -145,6 +162,9 @@ def rollout(
         cap_delta_unit: cap every step's delta unit at the true context window's (see the
             module docstring); no effect with ``predict_delta=False``; default: the
             checkpoint's, else True.
+        jitter_average: jitter draws averaged at every step (see the module docstring); needs
+            a jitter seed when above 1; default: the checkpoint's (``DEFAULT_JITTER_AVERAGE``
+            when it jitters), else 1.
 
     Yields:
         ``(B, C, *spatial)`` predicted frame in physical units, detached, a normal (non-inference)
@@ -152,9 +172,10 @@ def rollout(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
-    model, normalizer, predict_delta, jitter_seed, cap_delta_unit = _settings(
-        model, normalizer, predict_delta, jitter_seed, cap_delta_unit
+    model, normalizer, predict_delta, jitter_seed, cap_delta_unit, jitter_average = _settings(
+        model, normalizer, predict_delta, jitter_seed, cap_delta_unit, jitter_average
     )
+    _check_jitter_average(jitter_average, jitter_seed)
     names = batch.channel_names(field_names)
     window = batch.input_fields.detach()  # (B, T_in, C, *spatial)
     if not window.is_floating_point():
@@ -183,6 +204,7 @@ def rollout(
                 predict_delta=predict_delta,
                 jitter_seed=seed,
                 max_delta_scale=cap,
+                jitter_average=jitter_average,
             ).to(window.dtype)  # (B, C, *spatial)
             window = torch.cat([window[:, 1:], pred.unsqueeze(1)], dim=1)  # (B, T_in, C, *sp)
         if check_finite:
@@ -233,13 +255,26 @@ def ensemble_rollout(
         yield mean, spread
 
 
+def _check_jitter_average(draws: Any, jitter_seed: int | None) -> int:
+    """``draws`` checked: an int >= 1, above 1 only with a jitter seed."""
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"jitter_average must be an int >= 1, got {draws!r}")
+    if draws > 1 and jitter_seed is None:
+        raise ValueError(
+            f"jitter_average={draws} needs jitter on (a jitter seed): the draws differ only "
+            "by their jitter"
+        )
+    return draws
+
+
 def _settings(
     model: Any,
     normalizer: Normalizer | None,
     predict_delta: bool | None,
     jitter_seed: int | None | str,
     cap_delta_unit: bool | None,
-) -> tuple[nn.Module, Normalizer | None, bool, int | None, bool]:
+    jitter_average: int | None = None,
+) -> tuple[nn.Module, Normalizer | None, bool, int | None, bool, int]:
     """The model and rollout settings: given values, else the checkpoint's, else the defaults."""
     if isinstance(jitter_seed, str) and jitter_seed != CHECKPOINT:
         raise ValueError(f"jitter_seed must be an int, None or {CHECKPOINT!r}, got {jitter_seed!r}")
@@ -248,12 +283,14 @@ def _settings(
     loading = sys.modules.get("walrus.inference.loading")
     if loading is not None and isinstance(model, loading.InferenceCheckpoint):
         ckpt = model
+        seed = ckpt.default_jitter_seed() if jitter_seed == CHECKPOINT else jitter_seed
         return (
             ckpt.model,
             ckpt.normalizer if normalizer is None else normalizer,
             ckpt.predict_delta if predict_delta is None else predict_delta,
-            ckpt.default_jitter_seed() if jitter_seed == CHECKPOINT else jitter_seed,
+            seed,
             ckpt.cap_delta_unit if cap_delta_unit is None else cap_delta_unit,
+            ckpt.default_jitter_average(seed) if jitter_average is None else jitter_average,
         )
     return (
         model,
@@ -261,6 +298,7 @@ def _settings(
         True if predict_delta is None else predict_delta,
         None if jitter_seed == CHECKPOINT else jitter_seed,
         True if cap_delta_unit is None else cap_delta_unit,
+        1 if jitter_average is None else jitter_average,
     )
 
 

@@ -35,6 +35,9 @@ from walrus.run_files import write_run_files
 DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride", "max_sample_bytes")
 # infer.py's default `seed`: the jitter seed of rollouts that jitter without a seed given
 DEFAULT_SEED = 0
+# Jitter draws averaged per rollout step by default when a rollout jitters (infer.py
+# jitter_average=null); chosen on validation rollouts (README "Rollout fidelity").
+DEFAULT_JITTER_AVERAGE = 4
 
 
 @dataclass
@@ -86,6 +89,12 @@ class InferenceCheckpoint:
     def default_jitter_seed(self) -> int | None:
         """The jitter seed of a default rollout: ``DEFAULT_SEED`` when it jitters, else ``None``."""
         return DEFAULT_SEED if self.inference_jitter else None
+
+    @staticmethod
+    def default_jitter_average(jitter_seed: int | None) -> int:
+        """Jitter draws averaged per step by default: ``DEFAULT_JITTER_AVERAGE`` for a rollout
+        that jitters (``jitter_seed`` given), else 1."""
+        return DEFAULT_JITTER_AVERAGE if jitter_seed is not None else 1
 
 
 def require(cfg: DictConfig, key: str, hint: str) -> Any:
@@ -308,6 +317,7 @@ class Prepared:
     autocast_dtype: torch.dtype | None
     members: int = 1
     cap_delta_unit: bool = True
+    jitter_average: int = 1
 
     def settings(self) -> dict[str, Any]:
         """How the model was run, as both commands report it in ``metrics.json``."""
@@ -315,6 +325,7 @@ class Prepared:
             "predict_delta": self.ckpt.predict_delta,
             "jitter_seed": self.jitter_seed,
             "ensemble": self.members,
+            "jitter_average": self.jitter_average,
             "cap_delta_unit": self.cap_delta_unit,
             "bf16": self.autocast_dtype is not None,
         }
@@ -379,6 +390,7 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
     batch_size = positive_int(cfg, "batch_size")
     seed = positive_int(cfg, "seed", minimum=0)
     members = positive_int(cfg, "ensemble") if "ensemble" in cfg else 1
+    draws = positive_int(cfg, "jitter_average") if cfg.get("jitter_average") is not None else None
     for key in ("bf16", "cap_delta_unit"):
         if not isinstance(cfg.get(key, True), bool):
             raise ValueError(f"option {key} must be true or false, got {cfg.get(key)!r}")
@@ -397,6 +409,12 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
             f"option ensemble={members} needs jitter=true: the members differ only by their "
             "jitter draws"
         )
+    if draws is not None and draws > 1 and not jitter:
+        raise ValueError(
+            f"option jitter_average={draws} needs jitter=true: the draws differ only by their "
+            "jitter"
+        )
+    draws = draws or ckpt.default_jitter_average(seed if jitter else None)
     data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
     data = resolve_data_config(_plain(cfg.get("data")), ckpt, data_dir=data_dir)
     datasets = open_datasets(data, str(cfg.split), ckpt, n_steps_output=n_steps_output)
@@ -412,4 +430,5 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
         autocast_dtype=torch.bfloat16 if cfg.bf16 else None,
         members=members,
         cap_delta_unit=bool(cfg.get("cap_delta_unit", True)),
+        jitter_average=draws,
     )

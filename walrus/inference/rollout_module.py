@@ -110,6 +110,8 @@ class RolloutModule(pl.LightningModule):
         members: ensemble size; more than one rolls out that many jittered copies of each
             trajectory (needs ``jitter_seed``), scores their mean and keeps their spread.
         cap_delta_unit: cap each step's delta unit at the true context's (``walrus.rollout``).
+        jitter_average: jitter draws averaged at every step (``walrus.rollout``; needs
+            ``jitter_seed`` when above 1).
         autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast.
         keep_predictions: keep every predicted frame (on the CPU) for ``predictions.hdf5``.
         progress: show a progress bar of rollout steps (rank 0 only).
@@ -133,6 +135,7 @@ class RolloutModule(pl.LightningModule):
         jitter_seed: int | None = None,
         members: int = 1,
         cap_delta_unit: bool = True,
+        jitter_average: int = 1,
         autocast_dtype: torch.dtype | None = None,
         keep_predictions: bool = True,
         progress: bool = False,
@@ -148,6 +151,7 @@ class RolloutModule(pl.LightningModule):
         self.jitter_seed = jitter_seed
         self.members = members
         self.cap_delta_unit = cap_delta_unit
+        self.jitter_average = jitter_average
         self.autocast_dtype = autocast_dtype
         self.keep_predictions = keep_predictions
         self.progress = progress
@@ -171,6 +175,7 @@ class RolloutModule(pl.LightningModule):
             jitter_seed=prep.jitter_seed,
             members=prep.members,
             cap_delta_unit=prep.cap_delta_unit,
+            jitter_average=prep.jitter_average,
             autocast_dtype=prep.autocast_dtype,
             **kwargs,
         )
@@ -191,6 +196,7 @@ class RolloutModule(pl.LightningModule):
             "predict_delta": self.predict_delta,
             "autocast_dtype": self.autocast_dtype,
             "cap_delta_unit": self.cap_delta_unit,
+            "jitter_average": self.jitter_average,
         }
         if self.members > 1:
             yield from ensemble_rollout(

@@ -22,7 +22,6 @@ computed as reshapes and matrix products (this project's profile only).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -459,10 +458,12 @@ class PatchDecoder(nn.Module):
         w2 = _patch_kernel(self.proj2.weight[:, fields], act)  # (inter, C, *[s1 or 2 s1] * k)
         c = w2.shape[1]
         if self.overlap:
-            y = h @ w2.reshape(inter, -1)  # (N * G * s2^k, C * (2 s1)^k)
-            y = y.view(n, *grid, *[s2] * k, c, *[2, s1] * k)
-            out = _overlap_add(y, k, s1, [True] * k if wrap is None else wrap)
-            return out + self.proj2.bias[fields].view(1, c, *[1] * k)  # (N, C, *padded)
+            # stage-1 tokens back on their grid, (N, inter, *[g * s2]), then one transposed conv
+            perm = [0, 1 + 2 * k, *(v for i in range(k) for v in (1 + i, 1 + k + i))]
+            h = h.view(n, *grid, *[s2] * k, inter).permute(*perm)
+            h = h.reshape(n, inter, *[g * s2 for g in grid])
+            wrap = [False] * k if wrap is None else wrap
+            return _overlap_transposed(h, w2, self.proj2.bias[fields], s1, wrap)
         bias = self.proj2.bias[fields].repeat_interleave(s1**k)  # (C * s1^k,)
         y = torch.addmm(bias, h, w2.reshape(inter, -1))  # (N * G * s2^k, C * s1^k)
         # (N, *g, *[s2] * k, C, *[s1] * k) -> (N, C, g1, s2, s1, g2, s2, s1, ...)
@@ -472,36 +473,29 @@ class PatchDecoder(nn.Module):
         return y.reshape(n, c, *[g * s1 * s2 for g in grid])
 
 
-def _overlap_add(y: Tensor, k: int, s1: int, wrap: Sequence[bool]) -> Tensor:
-    """Overlap-add of ``2 s1``-wide patches at stride ``s1``, centred (offset ``s1 // 2``).
+def _overlap_transposed(
+    h: Tensor, w: Tensor, bias: Tensor, s1: int, wrap: Sequence[bool]
+) -> Tensor:
+    """Transposed conv with kernel ``2 s1`` at stride ``s1``, centred (offset ``s1 // 2``),
+    circular on the ``wrap`` axes.
 
     Args:
-        y: ``(N, *g, *[s2] * k, C, *[2, s1] * k)``: per stage-1 token, its patch split into
-            two halves per axis.
-        k: active axes.
+        h: ``(N, inter, *Lt)`` tokens on their grid.
+        w: ``(inter, C, *[2 s1] * k)``.
+        bias: ``(C,)``.
         s1: the stride.
-        wrap: per axis, wrap the overhang around (periodic) instead of dropping it.
+        wrap: per axis, circular (the overhang wraps around) instead of dropped.
 
     Returns:
-        ``(N, C, *L)`` with ``L = g * s2 * s1`` per axis.
+        ``(N, C, *L)`` with ``L = Lt * s1`` per axis.
     """
-    n, c = y.shape[0], y.shape[1 + 2 * k]
-    lengths = [g * s2 * s1 for g, s2 in zip(y.shape[1 : 1 + k], y.shape[1 + k : 1 + 2 * k])]
-    perm = [0, 1 + 2 * k, *(v for i in range(k) for v in (1 + i, 1 + k + i, 2 + 2 * k + i))]
-    out = None
-    for halves in itertools.product((0, 1), repeat=k):
-        index = (slice(None),) * (2 + 2 * k) + tuple(v for a in halves for v in (a, slice(None)))
-        tile = y[index].permute(*perm).reshape(n, c, *lengths)  # (N, C, *L)
-        pads = [v for a in reversed(halves) for v in (a * s1, (1 - a) * s1)]
-        tile = F.pad(tile, pads)  # (N, C, *(L + s1)): half a lands one cell on
-        out = tile if out is None else out + tile
-    p = s1 // 2
-    for i, (length, w) in enumerate(zip(lengths, wrap)):
-        ax = 2 + i
-        if w:  # the overhang wraps to the start; then centre the patches on their cells
-            head = out.narrow(ax, 0, s1) + out.narrow(ax, length, s1)
-            out = torch.cat([head, out.narrow(ax, s1, length - s1)], dim=ax)
-            out = torch.roll(out, -p, dims=ax) if p else out
-        else:
-            out = out.narrow(ax, p, length)
-    return out
+    k = h.ndim - 2
+    lengths = [n * s1 for n in h.shape[2:]]
+    for i, w_i in enumerate(wrap):  # one token of circular padding on each wrapped side
+        if w_i:
+            ax = 2 + i
+            h = torch.cat([h.narrow(ax, h.shape[ax] - 1, 1), h, h.narrow(ax, 0, 1)], dim=ax)
+    y = CONV_T[k](h, w, bias, stride=s1)  # (N, C, *(Lt + 1 [+ 2]) * s1)
+    for i, (length, w_i) in enumerate(zip(lengths, wrap)):
+        y = y.narrow(2 + i, s1 // 2 + (s1 if w_i else 0), length)
+    return y

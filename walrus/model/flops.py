@@ -124,7 +124,13 @@ def forward_flops(
     m1 = [(n - 1) * s2 + k2 for n, (_, s2) in zip(l2, strides)]  # stage-1 output, cropped
     dec_in1 = math.prod(n + 2 * p for n, p in zip(l2, w1))
     dec_in2 = math.prod(n + 2 * p for n, p in zip(m1, w2))
-    decoder = 2 * n_out * (dec_in1 * dim * inter * k2**a + dec_in2 * inter * channels * k1**a)
+    kd = k1  # last decoder stage's kernel
+    if model.patch and cfg.decoder_overlap:  # 2 k1, one token of circular padding per wrap side
+        kd = 2 * k1
+        lengths = [n for n in spatial if n > 1]
+        wraps = [p and n == m for p, n, m in zip(periodic, padded, lengths)]
+        dec_in2 = math.prod(n + 2 if w else n for n, w in zip(m1, wraps))
+    decoder = 2 * n_out * (dec_in1 * dim * inter * k2**a + dec_in2 * inter * channels * kd**a)
     processor = batch * processor_flops(dim, cfg.depth, cfg.mlp_dim, frames, math.prod(l2))
     parts = {"embedding": embedding, "encoder": encoder, "processor": processor, "decoder": decoder}
     parts["total"] = sum(parts.values())
