@@ -71,14 +71,17 @@ def write_toy(root: Path, name: str = "toy", n_traj: int = 3, extra_field: bool 
         )
 
 
-def write_checkpoint(path: Path, data_root: Path | None, seed: int = 0) -> Path:
-    """A walrus checkpoint of a tiny untrained model over the toy fields."""
+def write_checkpoint(
+    path: Path, data_root: Path | None, seed: int = 0, config: dict | None = None
+) -> Path:
+    """A walrus checkpoint of a tiny untrained model (``TINY`` by default) over the toy fields."""
     torch.manual_seed(seed)
+    config = TINY if config is None else config
     vocab = FieldVocabulary(["u", "velocity_x", "velocity_y", "pressure"])
-    model = build_model(TINY)
+    model = build_model(config)
     meta = {
         "format": 1,
-        "model_config": TINY,
+        "model_config": config,
         "vocab": vocab.to_dict(),
         "predict_delta": True,
     }
@@ -445,3 +448,36 @@ def test_each_command_runs_from_the_module_named_after_it():
         module = importlib.import_module(f"walrus.inference.{command}")
         assert callable(getattr(module, f"run_{command}"))
     assert walrus.rollout is generator
+
+
+def test_jitter_average_option(toy, tmp_path: Path) -> None:
+    """``jitter_average``: by default a jittered rollout of a patch model averages
+    DEFAULT_JITTER_AVERAGE draws per step, other models and unjittered rollouts one;
+    metrics.json records it; more than one needs jitter."""
+    from walrus.inference.loading import DEFAULT_JITTER_AVERAGE
+
+    patch = {**TINY, "encoder": "patch", "kernel_sizes": [4, 2]}
+    patch_ckpt = write_checkpoint(tmp_path / "patch.ckpt", toy["data"], config=patch)
+    common = [*base_overrides(toy, tmp_path), "steps=2", "trajectories=0", "plots=false"]
+    on_patch = [*common, f"ckpt_path={patch_ckpt}", "jitter=true"]
+    got = {
+        name: run(compose_infer([*args, f"out={tmp_path / name}"]))["metrics"]
+        for name, args in (
+            ("patch", on_patch),
+            ("patch_two", [*on_patch, "jitter_average=2"]),
+            ("patch_off", [*common, f"ckpt_path={patch_ckpt}", "jitter=false"]),
+            ("conv", [*common, "jitter=true"]),
+        )
+    }
+    assert got["patch"]["jitter_average"] == DEFAULT_JITTER_AVERAGE > 1
+    assert got["patch_two"]["jitter_average"] == 2
+    assert got["patch_off"]["jitter_average"] == 1 and got["conv"]["jitter_average"] == 1
+    v = [
+        got[name]["datasets"]["toy"]["metrics"]["model"]["vrmse"]["per_step"]["u"][0]
+        for name in ("patch", "patch_two")
+    ]
+    assert v[0] != v[1]  # the draws changed the prediction
+    with pytest.raises(ValueError, match="jitter_average=2 needs jitter=true"):
+        run(compose_infer([*common, "jitter=false", "jitter_average=2", f"out={tmp_path / 'x'}"]))
+    with pytest.raises(ValueError, match="option jitter_average"):
+        run(compose_infer([*common, "jitter_average=0", f"out={tmp_path / 'y'}"]))

@@ -357,3 +357,52 @@ def test_delta_unit_cap_lets_the_unit_shrink():
     torch.testing.assert_close(capped, free)
     inc = torch.diff(capped[:, 0, 0, 0, 0])
     assert inc[-1] < inc[0]  # slowing down is followed, not blocked
+
+
+def test_jitter_average_feeds_back_the_mean_of_the_draws():
+    """Each step predicts with K draws (seeds s + k * DRAW_SEED_STRIDE, k = 0 the plain seed)
+    and feeds their mean back: the next step's window holds the mean."""
+    from walrus.rollout import DRAW_SEED_STRIDE
+
+    batch = _ens_batch()
+    window = batch.input_fields
+    draws = [
+        predict_next(
+            SeedNoiseModel(),
+            window,
+            batch.field_ids,
+            batch.bcs,
+            jitter_seed=9 + k * DRAW_SEED_STRIDE,
+        )
+        for k in range(3)
+    ]
+    mean = predict_next(
+        SeedNoiseModel(), window, batch.field_ids, batch.bcs, jitter_seed=9, jitter_average=3
+    )
+    torch.testing.assert_close(mean, torch.stack(draws).mean(0), rtol=1e-5, atol=1e-6)
+    assert (mean - draws[0]).abs().max() > 1e-3  # the draws differ
+    model = RecordingModel()
+    steps = list(rollout(model, batch, 2, jitter_seed=9, jitter_average=3))
+    assert model.seeds == [9 + k * DRAW_SEED_STRIDE for k in range(3)] + [
+        10 + k * DRAW_SEED_STRIDE for k in range(3)
+    ]
+    # step 2's window ends with step 1's prediction (normalised), the same for all its draws
+    assert torch.equal(model.windows[3], model.windows[5])
+    assert len(steps) == 2
+    # one draw is the plain seeded rollout
+    one = list(rollout(SeedNoiseModel(), batch, 2, jitter_seed=9, jitter_average=1))
+    plain = list(rollout(SeedNoiseModel(), batch, 2, jitter_seed=9))
+    for a, b in zip(one, plain):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"jitter_average": 0, "jitter_seed": 1}, "jitter_average must be an int >= 1"),
+        ({"jitter_average": 2, "jitter_seed": None}, "jitter_average=2 needs jitter"),
+    ],
+)
+def test_jitter_average_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        next(rollout(ZeroModel(), _ens_batch(), 1, **kwargs))

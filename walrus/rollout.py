@@ -164,7 +164,7 @@ def rollout(
             checkpoint's, else True.
         jitter_average: jitter draws averaged at every step (see the module docstring); needs
             a jitter seed when above 1; default: the checkpoint's (``DEFAULT_JITTER_AVERAGE``
-            when it jitters), else 1.
+            for a patch model that jitters), else 1.
 
     Yields:
         ``(B, C, *spatial)`` predicted frame in physical units, detached, a normal (non-inference)

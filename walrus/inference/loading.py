@@ -35,8 +35,8 @@ from walrus.run_files import write_run_files
 DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride", "max_sample_bytes")
 # infer.py's default `seed`: the jitter seed of rollouts that jitter without a seed given
 DEFAULT_SEED = 0
-# Jitter draws averaged per rollout step by default when a rollout jitters (infer.py
-# jitter_average=null); chosen on validation rollouts (README "Rollout fidelity").
+# Jitter draws averaged per rollout step by default when a patch model's rollout jitters
+# (infer.py jitter_average=null); chosen on validation rollouts (README "Rollout fidelity").
 DEFAULT_JITTER_AVERAGE = 4
 
 
@@ -90,11 +90,13 @@ class InferenceCheckpoint:
         """The jitter seed of a default rollout: ``DEFAULT_SEED`` when it jitters, else ``None``."""
         return DEFAULT_SEED if self.inference_jitter else None
 
-    @staticmethod
-    def default_jitter_average(jitter_seed: int | None) -> int:
-        """Jitter draws averaged per step by default: ``DEFAULT_JITTER_AVERAGE`` for a rollout
-        that jitters (``jitter_seed`` given), else 1."""
-        return DEFAULT_JITTER_AVERAGE if jitter_seed is not None else 1
+    def default_jitter_average(self, jitter_seed: int | None) -> int:
+        """Jitter draws averaged per step by default: ``DEFAULT_JITTER_AVERAGE`` when a patch
+        model (``encoder="patch"``, whose output patches meet at seams) rolls out with jitter
+        (``jitter_seed`` given), else 1 (conv decoders overlap already; released Walrus
+        checkpoints run as the official code runs them)."""
+        patch = getattr(self.model, "patch", False) is True
+        return DEFAULT_JITTER_AVERAGE if jitter_seed is not None and patch else 1
 
 
 def require(cfg: DictConfig, key: str, hint: str) -> Any:
@@ -390,7 +392,7 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
     batch_size = positive_int(cfg, "batch_size")
     seed = positive_int(cfg, "seed", minimum=0)
     members = positive_int(cfg, "ensemble") if "ensemble" in cfg else 1
-    draws = positive_int(cfg, "jitter_average") if cfg.get("jitter_average") is not None else None
+    draws = positive_int(cfg, "jitter_average", allow_null=True)
     for key in ("bf16", "cap_delta_unit"):
         if not isinstance(cfg.get(key, True), bool):
             raise ValueError(f"option {key} must be true or false, got {cfg.get(key)!r}")

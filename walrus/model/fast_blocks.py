@@ -163,6 +163,14 @@ class DerivedCache:
 _CACHES: weakref.WeakKeyDictionary[nn.Module, DerivedCache] = weakref.WeakKeyDictionary()
 
 
+def clear_derived(model: nn.Module) -> None:
+    """Drop the inference caches of ``model``'s modules. Call it when weights may have changed
+    without their version counters moving: fused optimisers (``torch.optim.AdamW(fused=True)``)
+    update parameters in place without bumping them, so a cache would serve old weights."""
+    for m in model.modules():
+        _CACHES.pop(m, None)
+
+
 def _derived(m: nn.Module) -> DerivedCache:
     """The derived-tensor cache of module ``m``."""
     cache = _CACHES.get(m)

@@ -18,6 +18,7 @@ from walrus.data.batch import Batch
 from walrus.data.normalization import RMSNormalizer
 from walrus.errors import NonFiniteLossError
 from walrus.model.compile import compile_model
+from walrus.model.fast_blocks import clear_derived
 from walrus.rollout import rollout
 from walrus.training.augment import (
     PSEUDO_FIELDS,
@@ -363,6 +364,7 @@ class WalrusModule(pl.LightningModule):
 
     def on_validation_start(self) -> None:
         self._val_start = self.clock()
+        clear_derived(self.model)  # weights moved since the last validation, maybe unversioned
 
     def on_validation_end(self) -> None:
         # validation time is not training time: move the samples/s interval's start past it
