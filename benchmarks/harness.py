@@ -43,6 +43,7 @@ from walrus.data.batch import Batch, collate
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS
+from walrus.inference.loading import default_jitter_average
 from walrus.rollout import ensemble_rollout, rollout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,6 +144,8 @@ class Forecaster:
         jitter_seed: inference jitter seed (``None``: none).
         ensemble: number of jittered rollouts averaged (needs ``jitter_seed``).
         cap_delta_unit: ``walrus.rollout``'s option (``None``: its default, capped).
+        jitter_average: jitter draws averaged per step (``None``: ``infer.py``'s default for
+            this model and seed).
     """
 
     model: nn.Module
@@ -151,15 +154,18 @@ class Forecaster:
     jitter_seed: int | None = None
     ensemble: int = 1
     cap_delta_unit: bool | None = None
+    jitter_average: int | None = None
 
     def rollout(self, batch: Batch, steps: int) -> Iterator[Tensor]:
         """Predicted frames ``(B, C, *S)`` for steps 1..``steps`` (no NaN check)."""
         self.model.eval()
+        draws = self.jitter_average
         kwargs = dict(
             normalizer=self.normalizer,
             predict_delta=self.predict_delta,
             check_finite=False,
             cap_delta_unit=self.cap_delta_unit,
+            jitter_average=draws or default_jitter_average(self.model, self.jitter_seed),
         )
         if self.ensemble > 1:
             for mean, _ in ensemble_rollout(

@@ -91,12 +91,17 @@ class InferenceCheckpoint:
         return DEFAULT_SEED if self.inference_jitter else None
 
     def default_jitter_average(self, jitter_seed: int | None) -> int:
-        """Jitter draws averaged per step by default: ``DEFAULT_JITTER_AVERAGE`` when a patch
-        model (``encoder="patch"``, whose output patches meet at seams) rolls out with jitter
-        (``jitter_seed`` given), else 1 (conv decoders overlap already; released Walrus
-        checkpoints run as the official code runs them)."""
-        patch = getattr(self.model, "patch", False) is True
-        return DEFAULT_JITTER_AVERAGE if jitter_seed is not None and patch else 1
+        """Jitter draws averaged per step by default (:func:`default_jitter_average`)."""
+        return default_jitter_average(self.model, jitter_seed)
+
+
+def default_jitter_average(model: nn.Module, jitter_seed: int | None) -> int:
+    """Jitter draws averaged per rollout step by default: ``DEFAULT_JITTER_AVERAGE`` when a
+    patch model (``encoder="patch"``, whose output patches meet at seams) rolls out with jitter
+    (``jitter_seed`` given), else 1 (conv decoders overlap already; released Walrus checkpoints
+    run as the official code runs them)."""
+    patch = getattr(model, "patch", False) is True
+    return DEFAULT_JITTER_AVERAGE if jitter_seed is not None and patch else 1
 
 
 def require(cfg: DictConfig, key: str, hint: str) -> Any:
