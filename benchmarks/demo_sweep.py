@@ -75,7 +75,7 @@ def _run(cmd: list[str], log: Path, threads: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--data-dir", required=True, help="parent of navier_stokes_2d/ (made if missing)"
+        "--data-dir", help="parent of navier_stokes_2d/ (made if missing); needed to run"
     )
     parser.add_argument("--work-dir", default="outputs/demo_sweep", help="run folders")
     parser.add_argument("--candidate", action="append", default=[], help="NAME=overrides")
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
             tmp.write_text(text)
         print(f"wrote {readme}")
         return
+    if args.data_dir is None:
+        parser.error("--data-dir is required to run candidates")
     try:
         candidates = parse_candidates(";".join(args.candidate)) if args.candidate else {"base": []}
     except argparse.ArgumentTypeError as e:
