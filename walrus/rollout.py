@@ -98,7 +98,7 @@ def predict_next(
         stats.delta_scale = torch.minimum(stats.delta_scale, max_delta_scale)
     x = stats.normalize(window)  # (B, T, C, *spatial)
     out = model(x, field_ids, bcs, jitter_seed=jitter_seed)
-    for k in range(1, draws):  # the mean over jitter draws, summed in place
+    for k in range(1, draws):  # the mean over jitter draws
         out = out + model(x, field_ids, bcs, jitter_seed=jitter_seed + k * DRAW_SEED_STRIDE)
     if draws > 1:
         out = out / draws
