@@ -3,10 +3,12 @@
 Each candidate is a list of Hydra overrides applied after ``experiment=quickstart``; it is
 trained exactly as ``make demo`` trains (``train.py``, the whole quickstart schedule on the
 built-in ``navier_stokes_2d``) once per seed, and its ``last.ckpt`` is rolled out over the
-VALIDATION split by ``infer.py rollout`` once per ``--jitter-average`` K. The test split is never
-read. Per run the JSON keeps the windowed means over fields of rollout VRMSE, amplitude ratio
-(with its smallest and largest step), change correlation and high-wavenumber power ratio, and the
-wall time; the printed table averages them over seeds::
+VALIDATION split by ``infer.py rollout`` once per ``--jitter-average`` K (``--rollout-data-dir``
+rolls out on another root's validation split, e.g. 16 trajectories generated with another seed,
+reusing the checkpoints). The test split is never read. Per run the JSON keeps the windowed
+means over fields of rollout VRMSE, amplitude ratio (with its smallest and largest step), change
+correlation and high-wavenumber power ratio, and the wall time; the printed table averages them
+over seeds::
 
     python -m benchmarks.demo_sweep --data-dir data --seeds 0,1 \\
         --candidate base= --candidate overlap=+model.decoder_overlap=true --jitter-average 1,4
@@ -77,6 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--data-dir", help="parent of navier_stokes_2d/ (made if missing); needed to run"
     )
+    parser.add_argument(
+        "--rollout-data-dir",
+        help="roll out on this data root's validation split instead of --data-dir's (e.g. a "
+        "larger validation set: python -m walrus.data.synthetic navier_stokes_2d --out D "
+        "--n-traj 1,16,16 --seed 777)",
+    )
     parser.add_argument("--work-dir", default="outputs/demo_sweep", help="run folders")
     parser.add_argument("--candidate", action="append", default=[], help="NAME=overrides")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds")
@@ -85,8 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="demo_sweep", help="results file stem")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the JSON")
     parser.add_argument("--write-readme", action="store_true", help="only render the README table")
+    parser.add_argument("--results-dir", default=str(RESULTS_DIR), help="where the JSON goes")
     args = parser.parse_args(argv)
-    path = RESULTS_DIR / f"{args.name}.json"
+    path = Path(args.results_dir) / f"{args.name}.json"
     if args.write_readme:
         readme = REPO / "README.md"
         body = markdown(json.loads(path.read_text()))
@@ -111,11 +120,14 @@ def main(argv: list[str] | None = None) -> None:
 
     def save() -> None:
         result["records"] = [*earlier, finish_record(record)]
-        save_result(args.name, result)
+        save_result(args.name, result, args.results_dir)
 
     result["candidates"] = {**result.get("candidates", {}), **candidates}
     done = {(r["candidate"], r["seed"], r["jitter_average"]) for r in result["runs"]}
     py, work = sys.executable, Path(args.work_dir).resolve()
+    rollout_data = args.rollout_data_dir or args.data_dir
+    result["rollout_data"] = Path(rollout_data).name
+    folder = f"valid_{Path(rollout_data).name}" if args.rollout_data_dir else "valid"
     for name, overrides in candidates.items():
         for seed in seeds:
             run_dir = work / f"{name}-s{seed}"
@@ -129,10 +141,10 @@ def main(argv: list[str] | None = None) -> None:
             for k in draws:
                 if (name, seed, k) in done:
                     continue
-                out = run_dir / f"valid_k{k}"
+                out = run_dir / f"{folder}_k{k}"
                 cmd = [py, "infer.py", "rollout", f"ckpt_path={ckpt}", "split=valid",
                        f"out={out}", "overwrite=true", f"jitter_average={k}", "plots=false",
-                       "save_predictions=false", f"paths.data_dir={args.data_dir}"]  # fmt: skip
+                       "save_predictions=false", f"paths.data_dir={rollout_data}"]  # fmt: skip
                 infer_s = _run(cmd, run_dir / f"infer_k{k}.out", args.threads)
                 result["runs"].append(
                     {

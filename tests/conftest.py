@@ -59,6 +59,9 @@ def tiny_train_overrides(
         "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1",
         "trainer.max_epochs=1",
+        # epochs end these runs (experiment=quickstart also caps steps at 600; a later
+        # trainer.max_steps=N in a test's overrides wins)
+        "trainer.max_steps=-1",
         "trainer.num_sanity_val_steps=0",
         "logger=csv",
         "callbacks.progress_bar=null",

@@ -59,3 +59,35 @@ def test_markdown_table_rows_per_candidate_and_k(tmp_path: Path) -> None:
     assert lines[2].startswith("| base | - | 4 | 1 | 1 |")
     assert lines[3].startswith("| wide | `model.dim=192` | 1 | 1 |")
     assert "n/a" in lines[2]  # a window the runs lack (31-60)
+
+
+def test_rollout_data_dir_rolls_out_existing_checkpoints_there(tmp_path: Path, monkeypatch) -> None:
+    """A run folder that holds last.ckpt is not retrained; its rollout reads --rollout-data-dir
+    (validation split), and the JSON names that root without its absolute path."""
+    import benchmarks.demo_sweep as sweep
+
+    ckpt = tmp_path / "work" / "base-s0" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"")
+    commands: list[list[str]] = []
+
+    def fake_run(cmd: list[str], log: Path, threads: int) -> float:
+        commands.append(cmd)
+        out = Path(next(a for a in cmd if a.startswith("out="))[4:])
+        out.mkdir(parents=True)
+        (out / "metrics.json").write_text(_metrics(tmp_path, 1.0, [1.0]).read_text())
+        return 1.0
+
+    monkeypatch.setattr(sweep, "_run", fake_run)
+    big = tmp_path / "valid16"
+    main(["--data-dir", str(tmp_path / "data"), "--rollout-data-dir", str(big),
+          "--work-dir", str(tmp_path / "work"), "--jitter-average", "4", "--name", "x",
+          "--results-dir", str(tmp_path / "results")])  # fmt: skip
+    assert len(commands) == 1 and commands[0][1] == "infer.py"  # no training
+    assert "split=valid" in commands[0] and f"paths.data_dir={big}" in commands[0]
+    assert f"out={ckpt.parents[1] / 'valid_valid16_k4'}" in commands[0]  # beside, not over
+    result = json.loads((tmp_path / "results" / "x.json").read_text())
+    assert result["rollout_data"] == "valid16"
+    assert [(r["candidate"], r["jitter_average"], r["vrmse 1"]) for r in result["runs"]] == [
+        ("base", 4, 1.0)
+    ]
