@@ -37,6 +37,14 @@ class StopAfterFirstEpoch(pl.Callback):
             trainer.should_stop = True
 
 
+class StopAfterStep4(pl.Callback):
+    """Interrupts a run in the middle of its second epoch (3 batches per epoch)."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == 4:
+            trainer.should_stop = True
+
+
 def _train(compose_cfg, data_root, out_dir, *extra, experiment="quickstart"):
     cfg = compose_cfg("train", [*tiny_train_overrides(data_root, out_dir, experiment), *extra])
     return train(cfg)
@@ -109,21 +117,37 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return model_state_dict(load_checkpoint_file(path))
 
 
-def test_resume_matches_uninterrupted_run(compose_cfg, tiny_data_root, tmp_path):
-    full, part = tmp_path / "full", tmp_path / "part"
+_UNINTERRUPTED: list[Path] = []
+
+
+@pytest.mark.parametrize("stop", ["StopAfterFirstEpoch", "StopAfterStep4"])
+@pytest.mark.parametrize("max_steps", [-1, 9])
+def test_resume_matches_uninterrupted_run(
+    compose_cfg, tiny_data_root, tmp_path, tmp_path_factory, stop, max_steps
+):
+    # stopped at an epoch's end or inside an epoch, with and without a step cap (Lightning
+    # resumes the two differently)
+    part = tmp_path / "part"
     common = ["trainer.limit_train_batches=3", "model.jitter=true", "trainer.max_epochs=3"]
-    _train(compose_cfg, tiny_data_root, full, *common)
-    stop = "+callbacks.stop._target_=tests.test_train.StopAfterFirstEpoch"
-    _train(compose_cfg, tiny_data_root, part, *common, stop)
+    if not _UNINTERRUPTED:  # 9 steps either way: one reference run serves every case
+        _UNINTERRUPTED.append(tmp_path_factory.mktemp("full"))
+        _train(compose_cfg, tiny_data_root, _UNINTERRUPTED[0], *common)
+    full = _UNINTERRUPTED[0]
+    common.append(f"trainer.max_steps={max_steps}")
+    stop = f"+callbacks.stop._target_=tests.test_train.{stop}"
+    _, objects = _train(compose_cfg, tiny_data_root, part, *common, stop)
+    stopped_at = objects["trainer"].global_step
     first = _weights(part / "checkpoints" / "last.ckpt")
-    _train(
+    _, objects = _train(
         compose_cfg,
         tiny_data_root,
         part,
         *common,
-        stop,  # a resume keeps the run's options (the callback stops in the first epoch only)
+        stop,  # a resume keeps the run's options (the callback stops once only)
         f"ckpt_path={part / 'checkpoints' / 'last.ckpt'}",
     )
+    assert stopped_at < 9
+    assert (objects["trainer"].global_step, objects["trainer"].current_epoch) == (9, 3)
     a, b = (
         _weights(full / "checkpoints" / "last.ckpt"),
         _weights(part / "checkpoints" / "last.ckpt"),
@@ -134,6 +158,18 @@ def test_resume_matches_uninterrupted_run(compose_cfg, tiny_data_root, tmp_path)
     sched_a = load_checkpoint_file(full / "checkpoints" / "last.ckpt")["lr_schedulers"][0]
     sched_b = load_checkpoint_file(part / "checkpoints" / "last.ckpt")["lr_schedulers"][0]
     assert sched_a["last_epoch"] == sched_b["last_epoch"] == 9
+
+
+def test_resume_with_more_epochs_under_a_step_cap(compose_cfg, tiny_data_root, tmp_path):
+    # stopped by max_epochs with max_steps set and not reached: a larger max_epochs trains on
+    common = ["trainer.limit_train_batches=3", "trainer.max_steps=600"]
+    _train(compose_cfg, tiny_data_root, tmp_path, *common, "trainer.max_epochs=1")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    _, objects = _train(
+        compose_cfg, tiny_data_root, tmp_path, *common, "trainer.max_epochs=2", f"ckpt_path={last}"
+    )
+    assert (objects["trainer"].global_step, objects["trainer"].current_epoch) == (6, 2)
+    assert load_checkpoint_file(last)["global_step"] == 6
 
 
 def test_finetune_adds_new_fields_and_keeps_old_ones(compose_cfg, tiny_data_root, tmp_path):

@@ -283,3 +283,45 @@ def check_resume_state(ckpt: dict[str, Any], path: str, module: pl.LightningModu
         groups = param_groups(module.model, getattr(module, "weight_decay", 0.0))
         shapes = [[tuple(p.shape) for p in g["params"]] for g in groups]
         _check_optimizer(ckpt["optimizer_states"], path, shapes)
+
+
+_COUNTERS = ("ready", "started", "processed", "completed")
+
+
+def settle_epoch_progress(ckpt: dict[str, Any]) -> None:
+    """Rewrite, in place, the loop state of a checkpoint saved at the end of a training epoch
+    so that Lightning resumes it where an uninterrupted run would be.
+
+    ``last.ckpt`` is saved in ``on_train_epoch_end``: the epoch counts as processed but not yet
+    completed. Lightning 2.6 resumes such a file by replaying the epoch's end whenever
+    ``trainer.max_steps`` is set, which counts the epoch twice (a run that stopped at
+    ``trainer.max_epochs`` then trains nothing when resumed with a larger one), and without
+    ``max_steps`` it drops the rest of an epoch that a stop cut short. After this rewrite:
+
+    * an epoch whose batches all ran is completed, and the resume starts the next epoch;
+    * an epoch cut short (``max_steps``, ``max_time``, a budget) is in progress, and the resume
+      finishes it from the saved data position.
+
+    Any other loop state (saved mid-epoch, on SIGTERM, by validation) is left as it is.
+    """
+    fit = ckpt.get("loops", {}).get("fit_loop")
+    if not isinstance(fit, dict):
+        return
+    epochs = fit.get("epoch_progress", {})
+    batches = fit.get("epoch_loop.batch_progress", {})
+    total = epochs.get("total", {})
+    if not all(isinstance(total.get(k), int) for k in _COUNTERS) or not isinstance(
+        batches.get("current"), dict
+    ):
+        return
+    ready, started, processed, completed = (total[k] for k in _COUNTERS)
+    if not (ready == started == processed >= 1 and completed in (processed - 1, processed)):
+        return
+    if batches.get("is_last_batch"):
+        for tracker in (epochs["total"], epochs["current"]):
+            tracker["completed"] = tracker["processed"]
+        batches["current"] = dict.fromkeys(_COUNTERS, 0)
+        batches["is_last_batch"] = False
+    else:
+        for tracker in (epochs["total"], epochs["current"]):
+            tracker["processed"] = tracker["completed"] = tracker["started"] - 1

@@ -27,6 +27,7 @@ from walrus.training.augment import (
     field_keep_mask,
 )
 from walrus.training.budget import TimeBudget
+from walrus.training.checkpointing import settle_epoch_progress
 from walrus.training.losses import LOSSES, normalized_loss
 from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_groups
 
@@ -491,6 +492,9 @@ class WalrusModule(pl.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        settle_epoch_progress(checkpoint)  # before Lightning restores its loops from it
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from walrus.checkpoint import CHECKPOINT_FORMAT
