@@ -526,3 +526,49 @@ def test_cli_resume_continues_in_the_checkpoints_folder(tiny_data_root, tmp_path
     assert f"resume:     python train.py ckpt_path={last}" in r.stdout + r.stderr
     assert "model: tiny" not in (run / "config.yaml").read_text()  # the run's resolved config
     assert "dim: 32" in (run / "config.yaml").read_text()
+
+
+def _epoch_end_state(completed: int, batches_done: int, last: bool) -> dict:
+    epoch = {"ready": 2, "started": 2, "processed": 2, "completed": completed}
+    batch = dict.fromkeys(("ready", "started", "processed", "completed"), batches_done)
+    return {
+        "loops": {
+            "fit_loop": {
+                "epoch_progress": {"total": dict(epoch), "current": dict(epoch)},
+                "epoch_loop.batch_progress": {
+                    "total": dict(batch),
+                    "current": dict(batch),
+                    "is_last_batch": last,
+                },
+            }
+        }
+    }
+
+
+def test_settle_epoch_progress_on_constructed_loop_states():
+    from walrus.training.checkpointing import settle_epoch_progress
+
+    def epochs(ckpt):
+        return ckpt["loops"]["fit_loop"]["epoch_progress"]["total"]
+
+    def batches(ckpt):
+        return ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+
+    finished = _epoch_end_state(completed=1, batches_done=3, last=True)
+    settle_epoch_progress(finished)  # the second epoch ran to its end: it is completed
+    assert epochs(finished) == {"ready": 2, "started": 2, "processed": 2, "completed": 2}
+    assert batches(finished)["current"] == dict.fromkeys(batches(finished)["current"], 0)
+    assert batches(finished)["total"]["ready"] == 3 and not batches(finished)["is_last_batch"]
+
+    cut = _epoch_end_state(completed=1, batches_done=1, last=False)
+    settle_epoch_progress(cut)  # stopped after one batch of it: still in progress
+    assert epochs(cut) == {"ready": 2, "started": 2, "processed": 1, "completed": 1}
+    assert batches(cut)["current"]["ready"] == 1
+
+    mid = _epoch_end_state(completed=1, batches_done=1, last=False)
+    mid["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"] = 1  # saved mid-epoch
+    before = json.dumps(mid, sort_keys=True)
+    settle_epoch_progress(mid)
+    assert json.dumps(mid, sort_keys=True) == before
+    for odd in ({}, {"loops": 3}, {"loops": {"fit_loop": {"epoch_progress": 1}}}):
+        settle_epoch_progress(odd)  # not a resumable state: left alone, no error

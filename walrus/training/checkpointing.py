@@ -304,24 +304,30 @@ def settle_epoch_progress(ckpt: dict[str, Any]) -> None:
 
     Any other loop state (saved mid-epoch, on SIGTERM, by validation) is left as it is.
     """
-    fit = ckpt.get("loops", {}).get("fit_loop")
-    if not isinstance(fit, dict):
+    loops = ckpt.get("loops")
+    fit = loops.get("fit_loop") if isinstance(loops, dict) else None
+    epochs = fit.get("epoch_progress") if isinstance(fit, dict) else None
+    batches = fit.get("epoch_loop.batch_progress") if isinstance(fit, dict) else None
+    if not (isinstance(epochs, dict) and isinstance(batches, dict)):
         return
-    epochs = fit.get("epoch_progress", {})
-    batches = fit.get("epoch_loop.batch_progress", {})
-    total = epochs.get("total", {})
-    if not all(isinstance(total.get(k), int) for k in _COUNTERS) or not isinstance(
-        batches.get("current"), dict
+    total, current = epochs.get("total"), epochs.get("current")
+    if not (
+        isinstance(total, dict)
+        and isinstance(current, dict)
+        and all(
+            isinstance(total.get(k), int) and isinstance(current.get(k), int) for k in _COUNTERS
+        )
     ):
         return
-    ready, started, processed, completed = (total[k] for k in _COUNTERS)
-    if not (ready == started == processed >= 1 and completed in (processed - 1, processed)):
-        return
+    for tracker in (total, current):
+        ready, started, processed, completed = (tracker[k] for k in _COUNTERS)
+        if not (ready == started == processed >= 1 and completed in (processed - 1, processed)):
+            return
     if batches.get("is_last_batch"):
-        for tracker in (epochs["total"], epochs["current"]):
+        for tracker in (total, current):
             tracker["completed"] = tracker["processed"]
         batches["current"] = dict.fromkeys(_COUNTERS, 0)
         batches["is_last_batch"] = False
     else:
-        for tracker in (epochs["total"], epochs["current"]):
+        for tracker in (total, current):
             tracker["processed"] = tracker["completed"] = tracker["started"] - 1
