@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -572,3 +573,22 @@ def test_settle_epoch_progress_on_constructed_loop_states():
     assert json.dumps(mid, sort_keys=True) == before
     for odd in ({}, {"loops": 3}, {"loops": {"fit_loop": {"epoch_progress": 1}}}):
         settle_epoch_progress(odd)  # not a resumable state: left alone, no error
+
+
+def test_run_ending_inside_an_epoch_at_max_steps_validates_its_final_weights(
+    compose_cfg, tiny_data_root, tmp_path
+):
+    # 3 batches per epoch, max_steps=4: the run ends after the first batch of epoch 1
+    _, objects = _train(
+        compose_cfg,
+        tiny_data_root,
+        tmp_path,
+        "trainer.limit_train_batches=3",
+        "trainer.max_epochs=2",
+        "trainer.max_steps=4",
+    )
+    assert objects["trainer"].global_step == 4
+    with open(tmp_path / "logs" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    validated = [int(r["step"]) + 1 for r in rows if r.get("val/vrmse")]
+    assert validated == [3, 4]  # the end of epoch 0, and the last step

@@ -360,6 +360,14 @@ class WalrusModule(pl.LightningModule):
             f"global step {step} ({where}); the last good checkpoint is kept"
         )
 
+    def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:
+        # Lightning ends a run at trainer.max_steps without validating when that step falls
+        # inside an epoch; a stop requested here validates first, so best-*.ckpt and the final
+        # val/ metrics see the final weights.
+        max_steps = self.trainer.max_steps
+        if max_steps is not None and max_steps > 0 and self.trainer.global_step >= max_steps:
+            self.trainer.should_stop = True
+
     def on_train_start(self) -> None:
         self._step_start, self._rate_samples = self.clock(), 0
 
