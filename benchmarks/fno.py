@@ -44,7 +44,8 @@ from benchmarks.harness import (
 from walrus.data.batch import collate
 from walrus.data.normalization import RMSNormalizer
 from walrus.data.well_dataset import WellDataset
-from walrus.training.module import NOISE_UNITS, _delta_rms
+from walrus.training.augment import input_noise as window_noise
+from walrus.training.module import NOISE_UNITS
 from walrus.training.optim import WarmupCosine
 
 FNO_MISSING = "the FNO baseline needs neuraloperator: run make baseline (or pass --no-fno)"
@@ -93,12 +94,7 @@ def input_noise(x: Tensor, scale: Tensor, options: FNOOptions) -> Tensor:
     ``delta_rms``, the window's change RMS. Fields that do not change within the window get
     none. Returns a tensor shaped like ``x``.
     """
-    if x.shape[1] < 2:
-        return options.noise * scale * torch.randn_like(x)
-    change = _delta_rms(x)  # (B, 1, C, 1, ...)
-    unit = change if options.noise_units == "delta_rms" else scale
-    moving = change > 1e-6 * x.float().abs().amax(dim=(1, *range(3, x.ndim)), keepdim=True)
-    return options.noise * unit * moving * torch.randn_like(x)
+    return window_noise(x, scale, options.noise, options.noise_units)
 
 
 def fno_available() -> bool:

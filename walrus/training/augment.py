@@ -1,5 +1,6 @@
-"""Training augmentations: grid symmetries that turn vector fields with the grid, and whole-field
-input dropout. Both act on training samples only (``WalrusModule`` applies them).
+"""Training augmentations: grid symmetries that turn vector fields with the grid, whole-field
+input dropout and input noise. They act on training samples only (``WalrusModule`` applies
+them; the FNO baseline of ``benchmarks/`` uses the same input noise).
 
 Channels follow The Well's flattening (``walrus.data.well_file``): the vector field ``velocity``
 on axes ``x, y`` is the channels ``velocity_x, velocity_y``; a rank-2 tensor field ``stress`` is
@@ -302,3 +303,26 @@ def field_keep_mask(x: Tensor, p: float, generator: torch.Generator | None = Non
     drop[every, spare[every]] = False
     keep = (~drop).to(dtype=x.dtype)  # (B, C)
     return keep.view(b, 1, c, *([1] * (x.ndim - 3))).to(x.device, non_blocking=True)
+
+
+def delta_rms(x: Tensor) -> Tensor:
+    """RMS of the frame-to-frame changes of ``x`` ``(B, T, C, *S)`` -> ``(B, 1, C, 1, ...)``."""
+    dims = (1, *range(3, x.ndim))
+    d = x[:, 1:].float() - x[:, :-1].float()  # (B, T-1, C, *S)
+    return d.square().mean(dim=dims, keepdim=True).sqrt()
+
+
+def input_noise(x: Tensor, scale: Tensor, level: float, units: str) -> Tensor:
+    """Gaussian noise of ``level`` units for a window ``x`` ``(B, T, C, *S)``, shaped like ``x``.
+
+    The unit is ``scale`` ``(B, 1, C, 1, ...)`` (the normaliser's input RMS) for
+    ``units="input_rms"``, or the window's change RMS for ``"delta_rms"``. Fields that do not
+    change within the window (a steady velocity, a parameter map) get none: their delta targets
+    are in units of a zero change, where any noise is huge.
+    """
+    if x.shape[1] < 2:
+        return level * scale * torch.randn_like(x)
+    change = delta_rms(x)  # (B, 1, C, 1, ...)
+    unit = change if units == "delta_rms" else scale
+    moving = change > 1e-6 * x.float().abs().amax(dim=(1, *range(3, x.ndim)), keepdim=True)
+    return level * unit * moving * torch.randn_like(x)

@@ -24,7 +24,9 @@ from walrus.training.augment import (
     PSEUDO_FIELDS,
     build_symmetry,
     check_field_dropout,
+    delta_rms,
     field_keep_mask,
+    input_noise,
 )
 from walrus.training.budget import TimeBudget
 from walrus.training.checkpointing import settle_epoch_progress
@@ -187,23 +189,13 @@ class WalrusModule(pl.LightningModule):
             shard_model(self.model, self.device_mesh)
 
     def _noise(self, x: Tensor, scale: Tensor) -> Tensor:
-        """Gaussian noise of ``input_noise`` units for a window ``x`` ``(B, T, C, *S)``.
-
-        Fields that do not change within the window (a steady velocity, a parameter map) get
-        none: their delta targets are in units of a zero change, where any noise is huge.
-        """
-        if x.shape[1] < 2:
-            return self.input_noise * scale * torch.randn_like(x)
-        change = _delta_rms(x)  # (B, 1, C, 1, ...)
-        if self.noise_units == "delta_rms":
-            scale = change
-        moving = change > 1e-6 * x.float().abs().amax(dim=(1, *range(3, x.ndim)), keepdim=True)
-        return self.input_noise * scale * moving * torch.randn_like(x)
+        """Gaussian noise of ``input_noise`` units for a window ``x`` ``(B, T, C, *S)``."""
+        return input_noise(x, scale, self.input_noise, self.noise_units)
 
     def _loss(self, pred: Tensor, target: Tensor, window: Tensor, stats: Any) -> Tensor:
         """Loss in normalised space, weighted as ``loss_weighting`` says."""
         if self.loss_weighting == "delta_rms" and self.predict_delta and window.shape[1] > 1:
-            w = (stats.delta_scale / (_delta_rms(window) + 1e-12)).detach()  # (B, 1, C, 1, ...)
+            w = (stats.delta_scale / (delta_rms(window) + 1e-12)).detach()  # (B, 1, C, 1, ...)
             return normalized_loss(pred * w, target * w, self.loss_kind)
         return normalized_loss(pred, target, self.loss_kind)
 
@@ -532,13 +524,6 @@ class _FirstOutputGiven:
             out, self.first = self.first, None
             return out
         return self.model(x, fields, bcs, **kwargs)
-
-
-def _delta_rms(x: Tensor) -> Tensor:
-    """RMS of the frame-to-frame changes of ``x`` ``(B, T, C, *S)`` -> ``(B, 1, C, 1, ...)``."""
-    dims = (1, *range(3, x.ndim))
-    d = x[:, 1:].float() - x[:, :-1].float()  # (B, T-1, C, *S)
-    return d.square().mean(dim=dims, keepdim=True).sqrt()
 
 
 def _as_list(value: Any) -> Any:
