@@ -7,9 +7,10 @@ and every extra Well dataset given with ``--dataset``, at every budget and for e
 1. train OUR model (``experiment=quickstart`` plus ``--ours-override`` options; with
    ``--ours-candidates`` every candidate is trained, see below);
 2. train the FNO baseline (:mod:`benchmarks.fno`) at every width of ``--fno-widths`` (2D;
-   ``--fno-widths-3d`` in 3D), with the same input noise as ours unless ``--fno-noise`` says;
-3. choose on the VALIDATION split: the FNO width, and our candidate, with the lower validation
-   rollout VRMSE (mean over fields and seeds of the per-step VRMSE over steps 1-30);
+   ``--fno-widths-3d`` in 3D) and every input-noise level of ``--fno-noise`` (default ``ours,0``:
+   our run's ``module.input_noise``, in its units, and none);
+3. choose on the VALIDATION split: the FNO width and noise, and our candidate, with the lower
+   validation rollout VRMSE (mean over fields and seeds of the per-step VRMSE over steps 1-30);
 4. report the chosen ones on the TEST split: one-step VRMSE over every test window, and from
    the start of every test trajectory to its end the windowed rollout VRMSE and fidelity
    measures (amplitude ratio, change correlation, power ratio), for ours without and with
@@ -48,7 +49,7 @@ from omegaconf import OmegaConf
 
 from benchmarks import harness as h
 from benchmarks.common import print_table
-from benchmarks.fno import FNO_MISSING, FNOOptions, fno_available, train_fno
+from benchmarks.fno import FNO_MISSING, NOISE_UNITS, FNOOptions, fno_available, train_fno
 from benchmarks.record import finish_record, portable_path, run_record, save_result, spread
 
 FORMAT = "quality/2"
@@ -90,7 +91,7 @@ def run_system(
     ensemble: int = 1,
     fno: FNOOptions | None = None,
     fno_widths: Sequence[int] = FNO_WIDTHS,
-    fno_noise_from_ours: bool = True,
+    fno_noises: Sequence[float | None] = (None,),
     probe_steps: int = 10,
     eval_batch_size: int = 8,
     log: Any = print,
@@ -100,9 +101,11 @@ def run_system(
     Args:
         ours_candidates: name -> Hydra overrides (after ``ours_overrides``); default one
             candidate, ``quickstart``, without extra overrides.
-        fno: FNO recipe (``None``: no FNO); ``fno_widths`` are tried for the data's
-            dimensionality (the width field it sets: ``hidden`` in 2D, ``hidden_3d`` in 3D).
-        fno_noise_from_ours: give the FNO our run's ``module.input_noise`` and ``noise_units``.
+        fno: FNO recipe (``None``: no FNO); every width of ``fno_widths`` (the field it sets:
+            ``hidden`` in 2D, ``hidden_3d`` in 3D) is tried with every input-noise level of
+            ``fno_noises``, as candidates named ``fno<width>_noise<level>``.
+        fno_noises: noise levels; ``None`` is our run's ``module.input_noise`` (the FNO then
+            also takes our ``noise_units``; explicit levels use ``fno.noise_units``).
 
     Returns:
         One entry of the JSON's ``runs`` (see the module docstring).
@@ -163,35 +166,41 @@ def run_system(
     fno_models: list[h.Trained] = []
     if fno is not None:
         module_cfg = cfg.get("module", {})
-        if fno_noise_from_ours:
-            fno = dataclasses.replace(
-                fno,
-                noise=float(module_cfg.get("input_noise", 0.0)),
-                noise_units=str(module_cfg.get("noise_units", "delta_rms")),
-            )
-        three_d = _is_3d(ref)
-        widths: dict[str, list[h.Trained]] = {}
+        ours_noise = float(module_cfg.get("input_noise", 0.0))
+        ours_units = str(module_cfg.get("noise_units", "delta_rms"))
+        levels: dict[float, str] = {}  # noise level -> its units, each level once
+        for level in fno_noises:
+            if level is None:
+                levels.setdefault(ours_noise, ours_units)
+            else:
+                levels.setdefault(float(level), fno.noise_units)
+        width_key = "hidden_3d" if _is_3d(ref) else "hidden"
+        fno_runs: dict[str, list[h.Trained]] = {}
         for width in fno_widths:
-            opts = dataclasses.replace(fno, **{"hidden_3d" if three_d else "hidden": width})
-            for seed in seeds:
-                log(f"[{budget.label}] {ref.name} seed {seed}: training the FNO (width {width})")
-                t = train_fno(
-                    ref,
-                    budget,
-                    batch_size=int(cfg.data.batch_size),
-                    normalizer=trained[chosen][0].forecaster.normalizer,
-                    options=opts,
-                    probe_steps=probe_steps,
-                    seed=seed,
-                    **data_kw(cfg),
+            for level, units in levels.items():
+                opts = dataclasses.replace(
+                    fno, **{width_key: width}, noise=level, noise_units=units
                 )
-                widths.setdefault(f"fno{width}", []).append(t)
-                log(f"  {t.info['steps']} steps, {t.info['cpu_s']:.1f} cpu-s")
-        for name, models in widths.items():
+                name = f"fno{width}_noise{level:g}"
+                for seed in seeds:
+                    log(f"[{budget.label}] {ref.name} seed {seed}: training the FNO ({name})")
+                    t = train_fno(
+                        ref,
+                        budget,
+                        batch_size=int(cfg.data.batch_size),
+                        normalizer=trained[chosen][0].forecaster.normalizer,
+                        options=opts,
+                        probe_steps=probe_steps,
+                        seed=seed,
+                        **data_kw(cfg),
+                    )
+                    fno_runs.setdefault(name, []).append(t)
+                    log(f"  {t.info['steps']} steps, {t.info['cpu_s']:.1f} cpu-s")
+        for name, models in fno_runs.items():
             score_valid(name, models, cfg)
-        best = choose({n: valid[n] for n in widths})
-        selection["fno"] = {"valid_scores": {n: valid[n] for n in widths}, "chosen": best}
-        fno_models = widths[best]
+        best = choose({n: valid[n] for n in fno_runs})
+        selection["fno"] = {"valid_scores": {n: valid[n] for n in fno_runs}, "chosen": best}
+        fno_models = fno_runs[best]
 
     log(f"[{budget.label}] {ref.name}: evaluating on test")
     t0 = time.perf_counter()
@@ -283,6 +292,24 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
         ) from None
+
+
+def _noise_levels(text: str) -> list[float | None]:
+    """``"ours,0,0.05"`` -> ``[None, 0.0, 0.05]`` (``None``: our run's level)."""
+    out: list[float | None] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            level = None if part == "ours" else float(part)
+        except ValueError:
+            level = -1.0
+        if level is not None and not level >= 0:
+            raise argparse.ArgumentTypeError(
+                f"noise levels are 'ours' or numbers >= 0, got {part!r}"
+            )
+        out.append(level)
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one noise level")
+    return out
 
 
 def _n_traj(text: str) -> int | tuple[int, ...]:
@@ -396,8 +423,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fno-lr", type=float, default=FNOOptions.lr)
     p.add_argument("--fno-weight-decay", type=float, default=FNOOptions.weight_decay)
     p.add_argument("--fno-loss", choices=("mse", "mae"), default=FNOOptions.loss)
-    p.add_argument("--fno-noise", type=float, help="FNO input noise (default: ours')")
-    p.add_argument("--fno-noise-units", choices=("input_rms", "delta_rms"), default="input_rms")
+    p.add_argument(
+        "--fno-noise",
+        type=_noise_levels,
+        default=[None, 0.0],
+        help="FNO input-noise levels tried, comma-separated; 'ours' is our run's (default ours,0)",
+    )
+    units = "units of numeric --fno-noise levels ('ours' takes our units)"
+    p.add_argument("--fno-noise-units", choices=NOISE_UNITS, default="input_rms", help=units)
     return p
 
 
@@ -429,7 +462,6 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             lr=args.fno_lr,
             weight_decay=args.fno_weight_decay,
             loss=args.fno_loss,
-            noise=args.fno_noise or 0.0,
             noise_units=args.fno_noise_units,
         )
     if args.work_dir is None:
@@ -450,7 +482,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                 ensemble=args.ours_ensemble,
                 fno=fno,
                 fno_widths=args.fno_widths_3d if _is_3d(ref) else args.fno_widths,
-                fno_noise_from_ours=args.fno_noise is None,
+                fno_noises=args.fno_noise,
                 probe_steps=args.probe_steps,
                 eval_batch_size=args.eval_batch_size,
             )

@@ -105,7 +105,8 @@ def _seeded_rows(data: Mapping[str, Any]) -> list[list[str]]:
                 used = f"{steps:.0f} / {cpu:.0f}"
             label = model
             if model == "fno":
-                label = f"fno, width {run['selection']['fno']['chosen'].removeprefix('fno')}"
+                chosen = run["selection"]["fno"]["chosen"].removeprefix("fno")
+                label = "fno, width " + chosen.replace("_noise", ", noise ")
             cells = [cell(st["one_step"]), *(cell(st["rollout"].get(w)) for w in WINDOWS)]
             out.append([*head, label, used, *cells])
         for other in ("fno", "persistence"):

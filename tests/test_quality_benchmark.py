@@ -3,6 +3,7 @@ the external data (benchmarks/external_data.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -244,6 +245,13 @@ def test_candidates_parse_and_reject_interpolation():
             q.parse_candidates(bad)
 
 
+def test_fno_noise_levels_parse_ours_and_numbers():
+    assert q._noise_levels("ours,0,0.05") == [None, 0.0, 0.05]
+    for bad in ("", "-0.1", "loud", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="noise level"):
+            q._noise_levels(bad)
+
+
 def test_fno_input_noise_matches_ours_units():
     torch.manual_seed(0)
     x = torch.randn(2, 4, 2, 8, 8)
@@ -325,13 +333,14 @@ def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsy
     if fno:
         sel = run["selection"]["fno"]
         means = {k: np.mean(v) for k, v in sel["valid_scores"].items()}
-        assert set(means) == {"fno4", "fno8"} and sel["chosen"] == min(means, key=means.get)
-        width = int(sel["chosen"][3:])
-        assert all(
-            s["train"]["options"]["hidden"] == width for s in run["models"]["fno"]["per_seed"]
-        )
-        # same input noise as ours (quickstart: 0.1 input RMS)
-        assert run["models"]["fno"]["per_seed"][0]["train"]["options"]["noise"] == 0.1
+        # widths x noise levels (by default ours, quickstart's 0.1 input RMS, and none)
+        names = {f"fno{w}_noise{n}" for w in (4, 8) for n in ("0.1", "0")}
+        assert set(means) == names and sel["chosen"] == min(means, key=means.get)
+        width, noise = sel["chosen"].removeprefix("fno").split("_noise")
+        for s in run["models"]["fno"]["per_seed"]:
+            opts = s["train"]["options"]
+            assert (opts["hidden"], opts["noise"]) == (int(width), float(noise))
+            assert opts["noise_units"] == "input_rms"
     table = capsys.readouterr().out
     assert "ours+jitter" in table and "ours/persistence" in table and "±" in table
     assert ("ours/fno" in table) == fno
@@ -456,7 +465,7 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
             {
                 "dataset": "gs",
                 "budget": {"label": "150 cpu-s"},
-                "selection": {"fno": {"chosen": "fno128"}},
+                "selection": {"fno": {"chosen": "fno128_noise0"}},
                 "models": {"ours": model(0.2), "fno": model(0.4), "persistence": model(1.0, False)},
             }
         ],
@@ -490,7 +499,7 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
     lines = text.splitlines()
     ours = next(ln for ln in lines if "| ours |" in ln)
     assert "| 10 / 5 | 0.2 ± 0.02 | 0.2 ± 0.02 | 0.4 ± 0.04 | – | – | – |" in ours
-    assert "| 150 cpu-s | gs | fno, width 128 |" in text
+    assert "| 150 cpu-s | gs | fno, width 128, noise 0 |" in text
     assert "| **ours / fno** |  | 0.5 | 0.5 | 0.5 | – |" in text
     assert "| **ours / persistence** |  | 0.2 | 0.2 | 0.2 | – |" in text
     sweep_rows = [ln for ln in lines if ln.startswith("| a |") or ln.startswith("| b |")]
