@@ -5,9 +5,10 @@ e.g. the py-pde Gray-Scott set) and each seed of ``--seeds``:
 
 1. pretrain (``experiment=pretrain``) on the other built-in systems of ``--systems`` for
    ``--pretrain-time`` of wall clock; one pretraining serves every F;
-2. for each F of ``--finetune-steps``: fine-tune it F steps (``experiment=finetune init_from=``),
-   and train the same recipe from scratch F steps (``finetune.enabled=false``) at each rate of
-   ``--scratch-lrs``, keeping the lower final ``val/rollout_vrmse``;
+2. for each F of ``--finetune-steps``: fine-tune it F steps (``experiment=finetune init_from=``)
+   at each rate of ``--finetune-lrs``, and train the same recipe from scratch F steps
+   (``finetune.enabled=false``) at each rate of ``--scratch-lrs``; each side keeps the rate with
+   the lower final ``val/rollout_vrmse`` (validation split);
 3. train from scratch for the pretraining's CPU seconds plus those of the largest-F scratch run
    (its rate): where pretraining stops paying (``--no-long-scratch`` skips it);
 4. score each model and persistence on the test split with ``infer.py rollout`` from the first
@@ -256,26 +257,25 @@ def run_one(
     scratch_best: dict[str, Any] = {}
     for f in args.finetune_steps:
         log(
-            f"[{held.name} seed {seed}] fine-tuning {f} steps; scratch {f} steps at {args.scratch_lrs}"
+            f"[{held.name} seed {seed}] {f} steps: fine-tuning at {args.finetune_lrs}, "
+            f"scratch at {args.scratch_lrs}"
         )
-        ft = fit(
-            [*on_held, f"init_from={pre['checkpoint']}", f"trainer.max_steps={f}"],
-            out / f"finetune_{f}",
-        )
-        models[f"finetune {f}"] = ft
-        tries = {}
-        for lr in args.scratch_lrs:
-            tries[lr] = fit(
-                [*scratch, f"optimizer.lr={lr}", f"trainer.max_steps={f}"],
-                out / f"scratch_{f}_lr{lr:g}",
-            )
-        best = min(tries, key=lambda lr: _val_score(tries[lr]))
-        models[f"scratch {f}"] = {
-            **tries[best],
-            "lr": best,
-            "val_by_lr": {f"{lr:g}": t["val"] for lr, t in tries.items()},
+        recipes = {
+            "finetune": ([*on_held, f"init_from={pre['checkpoint']}"], args.finetune_lrs),
+            "scratch": (scratch, args.scratch_lrs),
         }
-        scratch_best = {"steps": f, "lr": best, "run": tries[best]}
+        for kind, (overrides, rates) in recipes.items():
+            models[f"{kind} {f}"] = _best_rate(
+                {
+                    lr: fit(
+                        [*overrides, f"optimizer.lr={lr}", f"trainer.max_steps={f}"],
+                        out / f"{kind}_{f}_lr{lr:g}",
+                    )
+                    for lr in rates
+                }
+            )
+        scratch_best = {"steps": f, "lr": models[f"scratch {f}"]["lr"]}
+        scratch_best["run"] = models[f"scratch {f}"]
     if not args.no_long_scratch:
         cpu = pre["cpu_s"] + scratch_best["run"]["cpu_s"]
         per_step = scratch_best["run"]["cpu_s"] / max(scratch_best["run"]["steps"], 1)
@@ -296,6 +296,17 @@ def run_one(
         record["models"][label] = m
     record["models"]["persistence"] = {"test": {**scored, "model": scored["persistence"]}}
     return record
+
+
+def _best_rate(tries: Mapping[float, dict[str, Any]]) -> dict[str, Any]:
+    """The run with the lowest validation score among ``tries`` (rate -> run), with its rate and
+    every rate's final validation metrics."""
+    best = min(tries, key=lambda lr: _val_score(tries[lr]))
+    return {
+        **tries[best],
+        "lr": best,
+        "val_by_lr": {f"{lr:g}": t["val"] for lr, t in tries.items()},
+    }
 
 
 def _val_score(run: Mapping[str, Any]) -> float:
@@ -409,7 +420,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--min-test-trajectories", type=int, default=8)
     add("--pretrain-time", default="600", help="seconds or DD:HH:MM:SS of pretraining")
     add("--finetune-steps", type=ints, default=[300], help="F values, comma-separated")
-    add("--scratch-lrs", type=_numbers, default=[1e-3, 3e-4])
+    add("--finetune-lrs", type=_numbers, default=[3e-4, 1e-3], help="fine-tuning rates tried")
+    add("--scratch-lrs", type=_numbers, default=[1e-3, 3e-4], help="scratch rates tried")
     add("--seeds", type=ints, default=[0, 1, 2])
     add("--no-long-scratch", action="store_true", help="skip scratch at pretraining CPU + F")
     add("--override", action="append", default=[], help="KEY=VALUE for every training run")
@@ -444,8 +456,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise BenchmarkError(f"--pretrain-time: seconds or DD:HH:MM:SS, got {text!r}") from None
     if len(args.n_traj) != 3:
         raise BenchmarkError("--n-traj takes TRAIN,VALID,TEST")
-    if not args.finetune_steps or min(args.finetune_steps) < 1 or not args.scratch_lrs:
-        raise BenchmarkError("--finetune-steps needs F >= 1 and --scratch-lrs at least one rate")
+    if not args.finetune_steps or min(args.finetune_steps) < 1:
+        raise BenchmarkError("--finetune-steps needs F >= 1")
+    for name, rates in (("--finetune-lrs", args.finetune_lrs), ("--scratch-lrs", args.scratch_lrs)):
+        if not rates or min(rates) <= 0:
+            raise BenchmarkError(f"{name} needs at least one rate, each > 0")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     pool = [s for s in args.systems.split(",") if s]

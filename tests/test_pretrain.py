@@ -223,6 +223,16 @@ def test_transfer_refuses_too_few_test_trajectories(tiny_data_root, tmp_path, ca
     assert "\n" not in err and not list(tmp_path.iterdir())
 
 
+def test_transfer_refuses_a_rate_that_is_not_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        transfer.main(["--finetune-lrs", "0", "--results-dir", str(tmp_path)])
+    assert e.value.code == 2
+    assert (
+        capsys.readouterr().err.strip().endswith("--finetune-lrs needs at least one rate, each > 0")
+    )
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_transfer_smoke(tmp_path):
     from walrus.data.synthetic import generate
@@ -246,6 +256,11 @@ def test_transfer_smoke(tmp_path):
     assert set(models) == {"finetune 2", "scratch 2", "scratch pretrain-cpu+2", "persistence"}
     assert models["finetune 2"]["steps"] == 2 and models["scratch 2"]["steps"] == 2
     assert models["scratch 2"]["lr"] in (1e-3, 3e-4) and len(models["scratch 2"]["val_by_lr"]) == 2
+    # fine-tuning chooses its rate on validation too (default 3e-4 and 1e-3)
+    ft = models["finetune 2"]
+    assert set(ft["val_by_lr"]) == {"0.0003", "0.001"} and ft["lr"] in (3e-4, 1e-3)
+    scores = {lr: v["val/rollout_vrmse"] for lr, v in ft["val_by_lr"].items()}
+    assert f"{ft['lr']:g}" == min(scores, key=scores.get)
     assert models["finetune 2"]["test"]["trajectories"] == 8
     assert set(models["finetune 2"]["test"]["model"]) == set(transfer.MEASURES)
     assert not Path(run["dataset"]).is_absolute() and saved["record"]["commit"]

@@ -475,7 +475,8 @@ def test_cli_run_dir_from_hydra_progress_and_no_noise(tiny_data_root, tmp_path):
     r = _cli(
         *overrides,
         f"hydra.run.dir={run}",
-        "trainer.max_steps=1",  # ends before any validation
+        "trainer.max_steps=1",
+        "trainer.check_val_every_n_epoch=2",  # so it ends without validating
         "callbacks.progress_line.every_n_steps=1",
     )
     assert r.returncode == 0, r.stderr[-3000:]
