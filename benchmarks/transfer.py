@@ -11,7 +11,8 @@ e.g. the py-pde Gray-Scott set) and each seed of ``--seeds``:
    the lower final ``val/rollout_vrmse`` (validation split);
 3. train from scratch for the pretraining's CPU seconds plus those of the largest-F scratch run
    (its rate): where pretraining stops paying (``--no-long-scratch`` skips it);
-4. score each model and persistence on the test split with ``infer.py rollout`` from the first
+4. score each model, the pretrained checkpoint as it is (zero-shot: only where it knows every
+   field of the held-out set) and persistence on the test split with ``infer.py rollout`` from the first
    frames of every test trajectory to its end: windowed VRMSE, amplitude ratio and change
    correlation, mean over fields; mean and spread over seeds.
 
@@ -34,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -47,7 +47,8 @@ import lightning.pytorch as pl
 import torch
 
 from benchmarks.common import RESULTS_DIR, save_json
-from walrus.atomic import write_text_atomic
+from benchmarks.harness import BenchmarkError
+from benchmarks.transfer_table import MEASURES, render_readme, render_table, summarize
 from walrus.data.synthetic import SYSTEMS, generate
 from walrus.data.well_dataset import WellDataset
 from walrus.pretrained import infer
@@ -55,12 +56,7 @@ from walrus.training.budget import parse_duration
 from walrus.training.model_card import git_state
 
 REPO = Path(__file__).resolve().parents[1]
-MEASURES = ("vrmse", "amplitude_ratio", "change_correlation")
-START, END = "<!-- transfer-table:start -->", "<!-- transfer-table:end -->"
-
-
-class BenchmarkError(ValueError):
-    """Bad input to the benchmark; the CLI prints it as one line."""
+ZERO_SHOT = "pretrained, no fine-tuning"
 
 
 @dataclass(frozen=True)
@@ -253,6 +249,9 @@ def run_one(
         **{k: v for k, v in pre.items() if k != "checkpoint"},
         "checkpoint": _rel(pre["checkpoint"]),
     }
+    zero_shot = score_zero_shot(pre["checkpoint"], held, out / "eval" / "zero_shot", log)
+    if "skipped" in zero_shot:
+        record["zero_shot_skipped"] = zero_shot["skipped"]
     models: dict[str, dict[str, Any]] = {}
     scratch_best: dict[str, Any] = {}
     for f in args.finetune_steps:
@@ -288,6 +287,8 @@ def run_one(
             cpu_seconds=cpu,
         )
         models[label] = {**long, "lr": scratch_best["lr"], "cpu_budget_s": cpu}
+    if "test" in zero_shot:
+        record["models"][ZERO_SHOT] = zero_shot
     for label, m in models.items():
         log(f"[{held.name} seed {seed}] scoring {label} on the test split")
         scored = evaluate(m["checkpoint"], held, out / "eval" / label.replace(" ", "_"))
@@ -296,6 +297,19 @@ def run_one(
         record["models"][label] = m
     record["models"]["persistence"] = {"test": {**scored, "model": scored["persistence"]}}
     return record
+
+
+def score_zero_shot(ckpt: Path, held: DataSet, out: Path, log: Any = print) -> dict[str, Any]:
+    """The pretrained checkpoint rolled out on ``held``'s test split with no fine-tuning:
+    ``{"test": ...}`` as :func:`evaluate` scores it, or ``{"skipped": reason}`` when the
+    held-out set has fields the checkpoint was never trained on."""
+    try:
+        return {"test": evaluate(ckpt, held, out)}
+    except ValueError as e:
+        if "never trained on" not in str(e):
+            raise
+        log(f"[{held.name}] no zero-shot score: {e}")
+        return {"skipped": "the held-out set has fields the pretrained checkpoint never saw"}
 
 
 def _best_rate(tries: Mapping[float, dict[str, Any]]) -> dict[str, Any]:
@@ -312,85 +326,6 @@ def _best_rate(tries: Mapping[float, dict[str, Any]]) -> dict[str, Any]:
 def _val_score(run: Mapping[str, Any]) -> float:
     val = run["val"].get("val/rollout_vrmse", run["val"].get("val/vrmse"))
     return val if val is not None and math.isfinite(val) else math.inf
-
-
-def spread(values: Sequence[float | None]) -> dict[str, Any]:
-    """Mean and sample standard deviation of the finite ``values`` (``None`` when there are none)."""
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    mean = statistics.fmean(v) if v else None
-    return {"mean": mean, "std": statistics.stdev(v) if len(v) > 1 else None, "n": len(v)}
-
-
-def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per held-out set and model: mean and spread over seeds of each measure in each window,
-    and for every F the fine-tuned / scratch ratio of the seed means of VRMSE."""
-    out: dict[str, Any] = {}
-    for held in dict.fromkeys(r["held_out"] for r in runs):
-        mine = [r for r in runs if r["held_out"] == held]
-        models: dict[str, Any] = {}
-        for label in dict.fromkeys(k for r in mine for k in r["models"]):
-            tests = [r["models"][label]["test"]["model"] for r in mine if label in r["models"]]
-            models[label] = {
-                k: {w: spread([t[k].get(w) for t in tests]) for w in tests[0][k]} for k in MEASURES
-            }
-        ratios = {}
-        for label in models:
-            if label.startswith("finetune ") and f"scratch {label[9:]}" in models:
-                ft, sc = models[label]["vrmse"], models[f"scratch {label[9:]}"]["vrmse"]
-                ratios[label[9:]] = {
-                    w: ft[w]["mean"] / sc[w]["mean"]
-                    if ft[w]["mean"] is not None and sc[w]["mean"]
-                    else None
-                    for w in ft
-                }
-        seeds = [r["seed"] for r in mine]
-        out[held] = {"seeds": seeds, "models": models, "ft_over_scratch": ratios}
-    return out
-
-
-def _cell(s: Mapping[str, Any] | None) -> str:
-    if not s or s["mean"] is None:
-        return "n/a"
-    return f"{s['mean']:.3g}" + (f" ± {s['std']:.2g}" if s["std"] is not None else "")
-
-
-def render_table(data: Mapping[str, Any]) -> str:
-    """Markdown table of the summary: windowed test VRMSE (mean ± std over seeds), the amplitude
-    ratio and change correlation in the last window, and the fine-tuned / scratch ratios."""
-    summary = data.get("summary") or {}
-    windows = list(
-        dict.fromkeys(w for s in summary.values() for m in s["models"].values() for w in m["vrmse"])
-    )
-    head = ["held out", "model", *(f"VRMSE {w}" for w in windows), "amplitude", "change corr"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for held, s in summary.items():
-        for label, m in s["models"].items():
-            last = next((w for w in reversed(windows) if w in m["vrmse"]), None)
-            cells = [_cell(m["vrmse"].get(w)) for w in windows]
-            fid = [_cell(m[k].get(last)) for k in ("amplitude_ratio", "change_correlation")]
-            lines.append("| " + " | ".join([held, label, *cells, *fid]) + " |")
-        for f, r in s["ft_over_scratch"].items():
-            cells = [f"{r[w]:.2f}" if r.get(w) is not None else "n/a" for w in windows]
-            lines.append(
-                "| " + " | ".join([held, f"fine-tuned / scratch, {f} steps", *cells, "", ""]) + " |"
-            )
-    rec, args = data.get("record", {}), data.get("args", {})
-    lines.append(
-        f"\nSeeds {args.get('seeds')}; {args.get('pretrain_time')} s of pretraining per held-out "
-        f"set and seed; commit {rec.get('commit')}{' (dirty)' if rec.get('dirty') else ''}, "
-        f"started {rec.get('started')}. Amplitude, change correlation: last window; 1 is ideal."
-    )
-    return "\n".join(lines)
-
-
-def render_readme(readme: Path, data: Mapping[str, Any]) -> Path:
-    """Replace the text between the transfer-table markers of ``readme`` with the table."""
-    text = readme.read_text()
-    if START not in text or END not in text or text.index(START) > text.index(END):
-        raise BenchmarkError(f"{readme}: no {START} ... {END} markers to put the table between")
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    return write_text_atomic(readme, f"{head}{START}\n{render_table(data)}\n{END}{tail}")
 
 
 def _numbers(text: str, whole: bool = False) -> list[Any]:

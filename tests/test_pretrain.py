@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from benchmarks import transfer
+from benchmarks import transfer, transfer_table
 from tests.conftest import REPO, tiny_train_overrides
 from walrus.checkpoint import load_checkpoint_file
 from walrus.data.synthetic import SYSTEMS
@@ -179,7 +179,7 @@ def _result(held, seed, ft, scratch):
 
     def test(v):
         windows = {"1": v, "2-10": 2 * v}
-        return {"model": {k: dict(windows) for k in transfer.MEASURES}}
+        return {"model": {k: dict(windows) for k in transfer_table.MEASURES}}
 
     return {
         "held_out": held,
@@ -190,26 +190,47 @@ def _result(held, seed, ft, scratch):
 
 def test_transfer_summary_table_and_readme(tmp_path):
     runs = [_result("burgers_1d", 0, 0.2, 0.4), _result("burgers_1d", 1, 0.4, 0.6)]
-    summary = transfer.summarize(runs)["burgers_1d"]
+    summary = transfer_table.summarize(runs)["burgers_1d"]
     ft = summary["models"]["finetune 3"]["vrmse"]
     assert ft["1"]["mean"] == pytest.approx(0.3) and ft["2-10"]["mean"] == pytest.approx(0.6)
     assert ft["1"]["std"] == pytest.approx(0.1414, abs=1e-4) and ft["1"]["n"] == 2
     assert summary["ft_over_scratch"]["3"]["1"] == pytest.approx(0.3 / 0.5)
-    data = {"summary": transfer.summarize(runs), "record": {"commit": "abc", "dirty": True}}
-    table = transfer.render_table(data)
+    data = {"summary": transfer_table.summarize(runs), "record": {"commit": "abc", "dirty": True}}
+    table = transfer_table.render_table(data)
     assert "| burgers_1d | finetune 3 | 0.3 ± 0.14 | 0.6 ± 0.28 |" in table
     assert "| burgers_1d | fine-tuned / scratch, 3 steps | 0.60 | 0.60 |" in table
     assert "commit abc (dirty)" in table
 
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{transfer.START}\nold\n{transfer.END}\noutro\n")
-    transfer.render_readme(readme, data)
+    readme.write_text(f"intro\n{transfer_table.START}\nold\n{transfer_table.END}\noutro\n")
+    transfer_table.render_readme(readme, data)
     text = readme.read_text()
-    assert text.startswith(f"intro\n{transfer.START}\n| held out |") and "old" not in text
-    assert text.endswith(f"{transfer.END}\noutro\n")
+    assert text.startswith(f"intro\n{transfer_table.START}\n| held out |") and "old" not in text
+    assert text.endswith(f"{transfer_table.END}\noutro\n")
     readme.write_text("no markers\n")
     with pytest.raises(transfer.BenchmarkError, match="README.md: no <!-- transfer-table:start"):
-        transfer.render_readme(readme, data)
+        transfer_table.render_readme(readme, data)
+
+
+def test_zero_shot_scores_known_fields_and_skips_unknown_ones(
+    pretrained_run, tiny_data_root, tmp_path
+):
+    from walrus.data.synthetic import generate
+
+    ckpt, logged = pretrained_run[0] / "checkpoints" / "last.ckpt", []
+    gray_scott = transfer.external_set(tiny_data_root / "gray_scott_2d")
+    scored = transfer.score_zero_shot(ckpt, gray_scott, tmp_path / "gs", logged.append)
+    assert scored["test"]["trajectories"] == 1 and not logged
+    assert set(scored["test"]["model"]) == set(transfer_table.MEASURES)
+    assert scored["test"]["model"]["vrmse"]["1"] > 0
+    # Cahn-Hilliard's concentration field is not in the pretrained vocabulary
+    generate(
+        "cahn_hilliard_2d", tmp_path, n_traj=(1, 1, 1), resolution=32, steps=12, progress=False
+    )
+    unknown = transfer.external_set(tmp_path / "cahn_hilliard_2d")
+    skipped = transfer.score_zero_shot(ckpt, unknown, tmp_path / "ch", logged.append)
+    assert skipped == {"skipped": "the held-out set has fields the pretrained checkpoint never saw"}
+    assert "['concentration']" in logged[0]
 
 
 def test_transfer_refuses_too_few_test_trajectories(tiny_data_root, tmp_path, capsys):
@@ -254,6 +275,8 @@ def test_transfer_smoke(tmp_path):
     assert run["pretrain"]["systems"] == ["navier_stokes_2d"] and run["pretrain"]["cpu_s"] > 0
     models = run["models"]
     assert set(models) == {"finetune 2", "scratch 2", "scratch pretrain-cpu+2", "persistence"}
+    # pretrained on Navier-Stokes alone: no zero-shot row for Gray-Scott's A and B
+    assert run["zero_shot_skipped"].startswith("the held-out set has fields")
     assert models["finetune 2"]["steps"] == 2 and models["scratch 2"]["steps"] == 2
     assert models["scratch 2"]["lr"] in (1e-3, 3e-4) and len(models["scratch 2"]["val_by_lr"]) == 2
     # fine-tuning chooses its rate on validation too (default 3e-4 and 1e-3)
@@ -262,5 +285,5 @@ def test_transfer_smoke(tmp_path):
     scores = {lr: v["val/rollout_vrmse"] for lr, v in ft["val_by_lr"].items()}
     assert f"{ft['lr']:g}" == min(scores, key=scores.get)
     assert models["finetune 2"]["test"]["trajectories"] == 8
-    assert set(models["finetune 2"]["test"]["model"]) == set(transfer.MEASURES)
+    assert set(models["finetune 2"]["test"]["model"]) == set(transfer_table.MEASURES)
     assert not Path(run["dataset"]).is_absolute() and saved["record"]["commit"]
