@@ -167,12 +167,25 @@ def gemm_gflops(
     return 2 * n**3 / (ms * 1e-3) / 1e9
 
 
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo``), else ``platform.processor()``."""
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def environment() -> dict[str, Any]:
-    """Machine and library facts to store next to benchmark figures."""
+    """Machine and library facts to store next to benchmark figures (equal-CPU-time figures
+    depend on the CPU: store them with its model and vector capability)."""
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_model": cpu_model(),
         "machine": platform.machine(),
         "processor": platform.processor(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,

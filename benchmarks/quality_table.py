@@ -117,12 +117,25 @@ def _seeded_rows(data: Mapping[str, Any]) -> list[list[str]]:
     return out
 
 
+def machine(data: Mapping[str, Any]) -> str:
+    """The CPU a result file was measured on: model (when recorded), vector capability, threads."""
+    env = data.get("environment") or {}
+    cpu = " ".join(str(env[k]) for k in ("cpu_model", "cpu_capability") if env.get(k))
+    threads = env.get("threads")
+    return (cpu or "CPU not recorded") + (f", {threads} thread(s)" if threads else "")
+
+
 def markdown(files: Sequence[Path]) -> str:
-    """The quality table of ``files``."""
+    """The quality table of ``files``, then the machine each file was measured on."""
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    machines = []
     for path in files:
-        for cells in rows(json.loads(Path(path).read_text())):
+        data = json.loads(Path(path).read_text())
+        for cells in rows(data):
             lines.append("| " + " | ".join(cells) + " |")
+        machines.append(f"`{Path(path).name}`: {machine(data)}")
+    lines.append("\nMeasured on (equal CPU seconds buy different steps on different CPUs): ")
+    lines[-1] += "; ".join(machines) + "."
     return "\n".join(lines)
 
 

@@ -522,6 +522,24 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
         qt.write_readme([tmp_path / "quality.json"], None, readme)
 
 
+def test_table_names_the_cpu_each_file_was_measured_on(tmp_path):
+    from benchmarks.common import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t: avx2\n")
+    assert cpu_model(info) == "AMD EPYC 7B13"
+    env = {"cpu_model": "AMD EPYC 7B13", "cpu_capability": "AVX2", "threads": 1}
+    assert qt.machine({"environment": env}) == "AMD EPYC 7B13 AVX2, 1 thread(s)"
+    assert qt.machine({"environment": {"cpu_capability": "AVX512"}}) == "AVX512"
+    assert qt.machine({}) == "CPU not recorded"
+    (tmp_path / "quality_a.json").write_text(json.dumps({"runs": [], "environment": env}))
+    (tmp_path / "quality_b.json").write_text(json.dumps({"runs": []}))
+    last = qt.markdown(sorted(tmp_path.glob("quality_*.json"))).splitlines()[-1]
+    assert last.endswith(
+        "`quality_a.json`: AMD EPYC 7B13 AVX2, 1 thread(s); `quality_b.json`: CPU not recorded."
+    )
+
+
 def test_readme_rows_of_an_old_single_seed_file():
     def model(one, roll, steps=None):
         out = {"one_step": {"mean": one}, "rollout": {"mean": dict(zip(["1", "2-10"], roll))}}
