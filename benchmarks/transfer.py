@@ -25,8 +25,8 @@ is written after every run; ``--readme README.md`` renders the table between
         --dataset data/gray_scott_pypde --readme README.md
     python -m benchmarks.transfer --render-only --readme README.md
 
-The CPU-time callback, data generation for all nine systems and the seed spread are written here
-(``benchmarks/harness.py`` was being written alongside).
+Training CPU time is measured (and capped, for the long-scratch row) by the quality benchmark's
+:class:`benchmarks.harness.CPUBudget`.
 """
 
 from __future__ import annotations
@@ -43,11 +43,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 
 from benchmarks.common import RESULTS_DIR, save_json
-from benchmarks.harness import BenchmarkError
+from benchmarks.harness import BenchmarkError, CPUBudget
 from benchmarks.transfer_table import MEASURES, render_readme, render_table, summarize
 from walrus.data.synthetic import SYSTEMS, generate
 from walrus.data.well_dataset import WellDataset
@@ -105,30 +104,6 @@ def external_set(path: str | os.PathLike) -> DataSet:
     return DataSet(path.parent, path.name)
 
 
-class CPUTime(pl.Callback):
-    """Process CPU seconds of training (validation left out); stops at ``seconds`` if given."""
-
-    def __init__(self, seconds: float | None = None) -> None:
-        self.seconds, self.used = seconds, 0.0
-        self._start: float | None = None
-        self._val_start = self._val = 0.0
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start, self._val = time.process_time(), 0.0
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._val_start = time.process_time()
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._start is not None:  # the sanity check runs before training starts
-            self._val += time.process_time() - self._val_start
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        self.used = time.process_time() - self._start - self._val
-        if self.seconds is not None and self.used >= self.seconds:
-            trainer.should_stop = True
-
-
 def fit(overrides: Sequence[str], out: Path, cpu_seconds: float | None = None) -> dict[str, Any]:
     """``train.py`` with ``overrides`` into ``out`` (in this process); steps, CPU and wall
     seconds, final validation metrics and the checkpoint."""
@@ -142,7 +117,7 @@ def fit(overrides: Sequence[str], out: Path, cpu_seconds: float | None = None) -
     extra = [
         f"paths.output_dir={out.resolve()}",
         "callbacks.progress_bar=null",
-        f"+callbacks.cpu_time._target_={CPUTime.__module__}.{CPUTime.__qualname__}",
+        f"+callbacks.cpu_time._target_={CPUBudget.__module__}.{CPUBudget.__qualname__}",
         f"+callbacks.cpu_time.seconds={'null' if cpu_seconds is None else cpu_seconds}",
     ]
     GlobalHydra.instance().clear()
@@ -155,7 +130,7 @@ def fit(overrides: Sequence[str], out: Path, cpu_seconds: float | None = None) -
         GlobalHydra.instance().clear()
     t0 = time.perf_counter()
     metrics, objects = train(cfg)
-    cpu = next(c for c in objects["trainer"].callbacks if isinstance(c, CPUTime))
+    cpu = next(c for c in objects["trainer"].callbacks if isinstance(c, CPUBudget))
     return {
         "checkpoint": out / "checkpoints" / "last.ckpt",
         "steps": objects["trainer"].global_step,
