@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     py, work = sys.executable, Path(args.work_dir).resolve()
     rollout_data = args.rollout_data_dir or args.data_dir
     result["rollout_data"] = Path(rollout_data).name
-    folder = f"valid_{Path(rollout_data).name}" if args.rollout_data_dir else "valid"
+    folder = f"valid_{result['rollout_data']}" if args.rollout_data_dir else "valid"
     for name, overrides in candidates.items():
         for seed in seeds:
             run_dir = work / f"{name}-s{seed}"
