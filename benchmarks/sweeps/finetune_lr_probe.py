@@ -18,14 +18,27 @@ from benchmarks import transfer
 from walrus.atomic import write_text_atomic
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.sweeps.finetune_lr_probe")
+def probe_parser(prog: str) -> argparse.ArgumentParser:
+    """The arguments every probe of a finished transfer run takes (see the module docstring)."""
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--transfer-json", type=Path, required=True)
     p.add_argument("--work-dir", type=Path, required=True)
     p.add_argument("--dataset", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def save_probe(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Write ``rows`` to ``args.out`` with the commit, dirty flag and relative arguments."""
+    argv = {k: os.path.relpath(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    record = {**transfer.git_state(), "args": argv}
+    write_text_atomic(args.out, json.dumps({"record": record, "rows": rows}, indent=1))
+
+
+def main() -> None:
+    p = probe_parser("python -m benchmarks.sweeps.finetune_lr_probe")
     p.add_argument("--lrs", type=float, nargs="+", required=True)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     done = json.loads(args.transfer_json.read_text())
     held = transfer.external_set(args.dataset)
@@ -58,9 +71,7 @@ def main() -> None:
                 }
             )
             print(seed, lr, {w: round(r, 3) for w, r in ratio.items()}, flush=True)
-    argv = {k: os.path.relpath(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    record = {**transfer.git_state(), "args": argv}
-    write_text_atomic(args.out, json.dumps({"record": record, "rows": rows}, indent=1))
+    save_probe(args, rows)
 
 
 if __name__ == "__main__":

@@ -9,22 +9,14 @@ test split with no fine-tuning, beside that run's fine-tuned and scratch rows.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-from pathlib import Path
 
 from benchmarks import transfer
-from walrus.atomic import write_text_atomic
+from benchmarks.sweeps.finetune_lr_probe import probe_parser, save_probe
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.sweeps.zero_shot_probe")
-    p.add_argument("--transfer-json", type=Path, required=True)
-    p.add_argument("--work-dir", type=Path, required=True)
-    p.add_argument("--dataset", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args()
+    args = probe_parser("python -m benchmarks.sweeps.zero_shot_probe").parse_args()
     done = json.loads(args.transfer_json.read_text())
     held = transfer.external_set(args.dataset)
     rows = []
@@ -43,9 +35,7 @@ def main() -> None:
         rows.append(row)
         zs, sc = row["zero_shot"]["vrmse"], row["scratch 300"]["vrmse"]
         print(seed, {w: round(zs[w] / sc[w], 3) for w in zs if zs[w] and sc.get(w)}, flush=True)
-    argv = {k: os.path.relpath(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    record = {**transfer.git_state(), "args": argv}
-    write_text_atomic(args.out, json.dumps({"record": record, "rows": rows}, indent=1))
+    save_probe(args, rows)
 
 
 if __name__ == "__main__":
