@@ -11,7 +11,7 @@ from torch import nn
 from tests.conftest import tiny_train_overrides
 from walrus.data.batch import Batch
 from walrus.data.normalization import RMSNormalizer
-from walrus.training.losses import normalized_loss
+from walrus.training.losses import gradient_loss, normalized_loss
 from walrus.training.module import WalrusModule
 from walrus.training.train import train
 
@@ -128,6 +128,7 @@ def test_noisy_inputs_get_targets_back_to_clean_frames():
         ({"noise_units": "std"}, "noise_units"),
         ({"input_noise": -1.0}, "input_noise"),
         ({"loss_weighting": "inverse"}, "loss_weighting"),
+        ({"gradient_loss": -0.5}, "gradient_loss"),
     ],
 )
 def test_bad_training_options_are_named(kwargs, match):
@@ -196,3 +197,32 @@ def test_fields_that_do_not_change_get_no_noise(units):
     window = torch.cat([moving, steady], dim=2)  # (1, 4, 2, 8, 8)
     noise = _module(input_noise=0.1, noise_units=units)._noise(window, torch.ones(1, 1, 2, 1, 1))
     assert noise[:, :, 0].abs().sum() > 0 and torch.count_nonzero(noise[:, :, 1]) == 0
+
+
+def test_gradient_loss_scores_the_errors_differences_on_constructed_fields():
+    target = torch.zeros(1, 1, 1, 4, 6, 1)  # (B, T, C, H, W, D): D of one point is skipped
+    i, j = torch.meshgrid(torch.arange(4.0), torch.arange(6.0), indexing="ij")
+    checker = ((-1.0) ** (i + j)).view(1, 1, 1, 4, 6, 1)  # every difference is +-2
+    assert gradient_loss(checker, target, "mae").item() == pytest.approx(2.0)
+    assert gradient_loss(checker, target, "mse").item() == pytest.approx(4.0)
+    ramp = (0.5 * j).view(1, 1, 1, 4, 6, 1)  # slope 0.5 along W, flat along H
+    assert gradient_loss(ramp, target, "mae").item() == pytest.approx(0.25)
+    assert gradient_loss(ramp + 3.0, target, "mae").item() == pytest.approx(0.25)  # offset-free
+    # the value-level loss ranks them the other way round: 1.0 for the checkerboard, 1.25 ramp
+    assert normalized_loss(checker, target).item() == pytest.approx(1.0)
+    assert normalized_loss(ramp, target).item() == pytest.approx(1.25)
+
+
+def test_gradient_loss_adds_its_weighted_term_to_the_training_loss():
+    batch = _batch()
+    frames = torch.cat([batch.input_fields, batch.output_fields], dim=1)
+    plain = WalrusModule(LinearStep(), optimizer=torch.optim.AdamW)
+    weighted = WalrusModule(LinearStep(), optimizer=torch.optim.AdamW, gradient_loss=0.5)
+    _, target, stats = plain._targets(batch.input_fields, frames, 0, None)
+    pred = target + 0.1 * torch.randn_like(target)
+    base = plain._loss(pred, target, batch.input_fields, stats)
+    torch.testing.assert_close(base, normalized_loss(pred, target))
+    torch.testing.assert_close(
+        weighted._loss(pred, target, batch.input_fields, stats),
+        base + 0.5 * gradient_loss(pred, target),
+    )

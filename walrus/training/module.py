@@ -30,7 +30,7 @@ from walrus.training.augment import (
 )
 from walrus.training.budget import TimeBudget
 from walrus.training.checkpointing import settle_epoch_progress
-from walrus.training.losses import LOSSES, normalized_loss
+from walrus.training.losses import LOSSES, gradient_loss, normalized_loss
 from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_groups
 
 # A field is constant when its spatial range is at most this fraction of its magnitude.
@@ -76,6 +76,9 @@ class WalrusModule(pl.LightningModule):
             ``delta_scale / RMS(window deltas)``, i.e. measure it in units of the window's
             frame-to-frame change whatever the normaliser's delta unit (with
             ``RMSNormalizer(delta="state")`` slow and fast windows then count alike).
+        gradient_loss: weight of a second loss term on the spatial differences of the error
+            (:func:`~walrus.training.losses.gradient_loss`, same ``loss`` kind and weighting;
+            0: off). It penalises grid-scale error such as seams between decoder patches.
         augment_symmetry: ``"none"`` or ``"d4"``: turn each training sample, inputs and targets
             alike, by a random 90-degree rotation or reflection of the grid (rotations only
             among axes of equal length), vector components and boundary conditions with it
@@ -110,6 +113,7 @@ class WalrusModule(pl.LightningModule):
         rollout_steps: int = 1,
         rollout_curriculum: float = 0.0,
         loss_weighting: str = "none",
+        gradient_loss: float = 0.0,
         augment_symmetry: str = "none",
         augment_pseudo: Sequence[str] = PSEUDO_FIELDS,
         field_dropout: float = 0.0,
@@ -145,6 +149,8 @@ class WalrusModule(pl.LightningModule):
             )
         if input_noise < 0:
             raise ValueError(f"module.input_noise must be >= 0, got {input_noise!r}")
+        if isinstance(gradient_loss, bool) or not gradient_loss >= 0:
+            raise ValueError(f"module.gradient_loss must be a number >= 0, got {gradient_loss!r}")
         self.model = model
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
@@ -160,6 +166,7 @@ class WalrusModule(pl.LightningModule):
         self.rollout_steps = 1 if rollout_mode == "one_step" else rollout_steps
         self.rollout_curriculum = rollout_curriculum
         self.loss_weighting = loss_weighting
+        self.gradient_loss = float(gradient_loss)
         self.symmetry = build_symmetry(augment_symmetry, augment_pseudo)
         self.field_dropout = check_field_dropout(field_dropout)
         self.model_config = model_config or {}
@@ -193,11 +200,15 @@ class WalrusModule(pl.LightningModule):
         return input_noise(x, scale, self.input_noise, self.noise_units)
 
     def _loss(self, pred: Tensor, target: Tensor, window: Tensor, stats: Any) -> Tensor:
-        """Loss in normalised space, weighted as ``loss_weighting`` says."""
+        """Loss in normalised space, weighted as ``loss_weighting`` says, plus
+        ``gradient_loss`` times the loss of the error's spatial differences."""
         if self.loss_weighting == "delta_rms" and self.predict_delta and window.shape[1] > 1:
             w = (stats.delta_scale / (delta_rms(window) + 1e-12)).detach()  # (B, 1, C, 1, ...)
-            return normalized_loss(pred * w, target * w, self.loss_kind)
-        return normalized_loss(pred, target, self.loss_kind)
+            pred, target = pred * w, target * w
+        loss = normalized_loss(pred, target, self.loss_kind)
+        if self.gradient_loss > 0:
+            loss = loss + self.gradient_loss * gradient_loss(pred, target, self.loss_kind)
+        return loss
 
     def _targets(
         self,
