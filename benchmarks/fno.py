@@ -8,7 +8,8 @@ size of Li et al. (2021) (at 32^3 and batch 8 a 64-channel 3D FNO costs about 9 
 step, the 20-channel one about 1). Input: the ``T_in`` frames of our window stacked as channels,
 normalised with our model's per-sample normaliser; output: the next frame's normalised delta,
 trained with MSE (The Well's training loss) by AdamW (lr 1e-3, weight decay 1e-4) under the same
-warmup + cosine schedule as ours (5 % warmup, floor 1 %), gradient clipping at 1.0, and the same
+warmup + cosine schedule as ours (5 % warmup, floor 1 %; at a CPU budget it follows the share of
+CPU used), gradient clipping at 1.0, and the same
 batch size as ours.
 
 Input noise (``noise``, ``noise_units``) means what ``module.input_noise`` and
@@ -39,6 +40,7 @@ from benchmarks.harness import (
     Forecaster,
     Trained,
     cpu_per_step,
+    step_ceiling,
     steps_for_budget,
 )
 from walrus.data.batch import collate
@@ -154,11 +156,25 @@ def _fno_fit(
     total_steps: int,
     seconds: float | None,
 ) -> tuple[int, float, list[float], float]:
-    """Train ``total_steps`` steps (or until ``seconds`` of CPU); returns steps, CPU, trace, loss."""
-    opt = torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=options.weight_decay)
-    sched = WarmupCosine(opt, total_steps, warmup_steps=0.05, min_ratio=0.01)
-    model.train()
+    """Train ``total_steps`` steps (or until ``seconds`` of CPU); returns steps, CPU, trace, loss.
+
+    With ``seconds`` the schedule follows the share of CPU used as well (whichever is further
+    along), as our model's does under :class:`~benchmarks.budgets.CPUBudget`.
+    """
     start, steps, trace, loss = time.process_time(), 0, [], float("nan")
+
+    def cpu_fraction() -> float:
+        return min((time.process_time() - start) / seconds, 1.0)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=options.weight_decay)
+    sched = WarmupCosine(
+        opt,
+        total_steps,
+        warmup_steps=0.05,
+        min_ratio=0.01,
+        time_fraction=None if seconds is None else cpu_fraction,
+    )
+    model.train()
     while steps < total_steps:
         for batch in loader:
             x, y = batch.input_fields, batch.output_fields[:, 0]  # (B, T, C, *S), (B, C, *S)
@@ -227,8 +243,9 @@ def train_fno(
     else:
         _, _, trace, _ = _fno_fit(model(), loader(), normalizer, options, probe_steps, None)
         per_step = cpu_per_step(trace)
-        total, seconds = steps_for_budget(budget.value, per_step), budget.value
-        info["probe"] = {"steps": len(trace), "cpu_s_per_step": per_step, "planned_steps": total}
+        planned, seconds = steps_for_budget(budget.value, per_step), budget.value
+        total = step_ceiling(planned)
+        info["probe"] = {"steps": len(trace), "cpu_s_per_step": per_step, "planned_steps": planned}
     net = model()
     t0 = time.perf_counter()
     steps, cpu, _, loss = _fno_fit(net, loader(), normalizer, options, total, seconds)

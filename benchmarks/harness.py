@@ -2,11 +2,8 @@
 
 - Datasets: :func:`builtin_dataset` (``walrus.data.synthetic``, generated when missing) and
   :func:`external_dataset` (any Well dataset directory).
-- Budgets: :class:`Budget` is ``--steps N`` optimiser steps or ``--cpu-seconds S`` of process
-  CPU time (``time.process_time``: summed over all threads of the process, so 2 threads spend
-  about 2 CPU seconds per wall second; validation is not counted). For a CPU budget each model
-  first runs a short probe to measure its CPU cost per step; the learning-rate schedule then
-  spans the steps the budget buys, and :class:`CPUBudget` stops training at the budget.
+- Budgets: ``--steps N`` optimiser steps or ``--cpu-seconds S`` of process CPU time
+  (:mod:`benchmarks.budgets`; for a CPU budget each model first runs a short probe).
 - :func:`train_ours`: ``experiment=quickstart`` plus Hydra overrides, through
   ``walrus.training.train.train``.
 - :func:`evaluate`: scores forecasters and persistence on a chosen split (``valid`` or
@@ -29,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -38,6 +34,14 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor, nn
 
+from benchmarks.budgets import (
+    BenchmarkError,
+    Budget,
+    CPUBudget,
+    cpu_per_step,
+    step_ceiling,
+    steps_for_budget,
+)
 from walrus import metrics
 from walrus.data.batch import Batch, collate
 from walrus.data.vocab import FieldVocabulary
@@ -53,32 +57,8 @@ SYSTEMS = ("navier_stokes_2d", "gray_scott_2d", "shallow_water_2d", "advection_d
 SELECT_STEPS = 30
 
 
-class BenchmarkError(ValueError):
-    """Bad input to the benchmark; the CLI prints it as one line."""
-
-
 # ---------------------------------------------------------------------------------------------
-# Budgets and data
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A training budget: ``kind`` is ``"steps"`` (optimiser steps) or ``"cpu_seconds"``."""
-
-    kind: str
-    value: float
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("steps", "cpu_seconds"):
-            raise BenchmarkError(f"budget kind must be 'steps' or 'cpu_seconds', got {self.kind}")
-        if not self.value > 0 or (self.kind == "steps" and self.value != int(self.value)):
-            raise BenchmarkError(
-                f"--{self.kind.replace('_', '-')} must be positive, got {self.value}"
-            )
-
-    @property
-    def label(self) -> str:
-        return f"{int(self.value)} steps" if self.kind == "steps" else f"{self.value:g} cpu-s"
+# Data
 
 
 @dataclass(frozen=True)
@@ -189,66 +169,6 @@ class Trained:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class CPUBudget(pl.Callback):
-    """Stops training once it has used ``seconds`` of process CPU time; records what it used.
-
-    CPU time (``time.process_time``) counts from the start of training and leaves out the time
-    spent in validation. ``seconds=None`` only measures.
-
-    Attributes:
-        used: CPU seconds used by training so far.
-        steps: optimiser steps done.
-        step_cpu: ``used`` after each training batch.
-    """
-
-    def __init__(self, seconds: float | None = None) -> None:
-        if seconds is not None and not seconds > 0:
-            raise BenchmarkError(f"CPU budget must be positive seconds, got {seconds}")
-        self.seconds = seconds
-        self.used = 0.0
-        self.steps = 0
-        self.step_cpu: list[float] = []
-        self._start: float | None = None
-        self._val_start: float | None = None
-        self._val_total = 0.0
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start, self._val_total = time.process_time(), 0.0
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._start is not None:
-            self._val_start = time.process_time()
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._val_start is not None:
-            self._val_total += time.process_time() - self._val_start
-            self._val_start = None
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, i: int
-    ) -> None:
-        self.used = time.process_time() - self._start - self._val_total
-        self.steps = trainer.global_step
-        self.step_cpu.append(self.used)
-        if self.seconds is not None and self.used >= self.seconds:
-            trainer.should_stop = True
-
-
-def cpu_per_step(step_cpu: Sequence[float], warmup: int = 2) -> float:
-    """CPU seconds per step from cumulative per-step CPU times, skipping ``warmup`` steps."""
-    if len(step_cpu) <= warmup:
-        raise BenchmarkError(
-            f"the CPU probe needs more than {warmup} steps, got {len(step_cpu)} "
-            "(raise --probe-steps)"
-        )
-    return (step_cpu[-1] - step_cpu[warmup - 1]) / (len(step_cpu) - warmup)
-
-
-def steps_for_budget(seconds: float, per_step: float) -> int:
-    """Optimiser steps that ``seconds`` of CPU buy at ``per_step`` seconds each (at least 1)."""
-    return max(1, math.ceil(seconds / max(per_step, 1e-9)))
-
-
 # ---------------------------------------------------------------------------------------------
 # Our model
 
@@ -271,7 +191,6 @@ def ours_config(
         "trainer.max_epochs=-1",
         "callbacks.progress_bar=null",
         "+trainer.enable_progress_bar=false",
-        # the class's own module: ``__main__`` when run with ``python -m``
         f"+callbacks.cpu_budget._target_={CPUBudget.__module__}.{CPUBudget.__qualname__}",
         "+callbacks.cpu_budget.seconds=null",
     ]
@@ -341,11 +260,12 @@ def train_ours(
         )
         _, probe, _ = _fit_ours(probe_cfg, None)
         per_step = cpu_per_step(probe.step_cpu)
-        max_steps, seconds = steps_for_budget(budget.value, per_step), budget.value
+        planned, seconds = steps_for_budget(budget.value, per_step), budget.value
+        max_steps = step_ceiling(planned)
         info["probe"] = {
             "steps": probe.steps,
             "cpu_s_per_step": per_step,
-            "planned_steps": max_steps,
+            "planned_steps": planned,
         }
     cfg = ours_config(ref, out_dir, max_steps, overrides)
     objects, used, wall = _fit_ours(cfg, seconds)

@@ -26,7 +26,7 @@ is written after every run; ``--readme README.md`` renders the table between
     python -m benchmarks.transfer --render-only --readme README.md
 
 Training CPU time is measured (and capped, for the long-scratch row) by the quality benchmark's
-:class:`benchmarks.harness.CPUBudget`.
+:class:`benchmarks.budgets.CPUBudget`.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.budgets import BenchmarkError, CPUBudget, step_ceiling
 from benchmarks.common import RESULTS_DIR, save_json
-from benchmarks.harness import BenchmarkError, CPUBudget
 from benchmarks.transfer_table import MEASURES, render_readme, render_table, summarize
 from walrus.data.synthetic import SYSTEMS, generate
 from walrus.data.well_dataset import WellDataset
@@ -257,7 +257,11 @@ def run_one(
         label = f"scratch pretrain-cpu+{scratch_best['steps']}"
         log(f"[{held.name} seed {seed}] {label}: {cpu:.0f} CPU s (~{planned} steps)")
         long = fit(
-            [*scratch, f"optimizer.lr={scratch_best['lr']}", f"trainer.max_steps={planned}"],
+            [
+                *scratch,
+                f"optimizer.lr={scratch_best['lr']}",
+                f"trainer.max_steps={step_ceiling(planned)}",
+            ],
             out / "scratch_long",
             cpu_seconds=cpu,
         )

@@ -150,6 +150,20 @@ def test_cpu_budget_callback_stops_training(gs_root, tmp_path):
     assert budget.steps == 1 and budget.used > 0 and len(budget.step_cpu) == 1
 
 
+def test_cpu_budget_ends_the_learning_rate_schedule_not_the_step_limit(gs_root, tmp_path):
+    ref = h.DatasetRef(gs_root, "gray_scott_2d")
+    cfg = h.ours_config(ref, tmp_path, 100_000, [*TINY_OURS, "trainer.limit_val_batches=0"])
+    objects, budget, _ = h._fit_ours(cfg, 1.0)
+    trainer = objects["trainer"]
+    assert 1 < trainer.global_step < 100_000 and budget.used >= 1.0  # the budget ended it
+    assert budget.fraction() == 1.0
+    peak = float(cfg.optimizer.lr)
+    last_lr = trainer.optimizers[0].param_groups[0]["lr"]
+    # at the floor (1 % of the peak), where a schedule over 100k steps would still be warming up
+    assert last_lr == pytest.approx(0.01 * peak, rel=1e-6)
+    assert h.CPUBudget(None).fraction() == 0.0 and h.CPUBudget(5.0).fraction() == 0.0
+
+
 def test_steps_budget_trains_exactly_that_many_steps_with_the_seed(gs_root, tmp_path):
     trained, cfg, vocab = h.train_ours(
         h.DatasetRef(gs_root, "gray_scott_2d"), h.Budget("steps", 3), tmp_path, TINY_OURS, seed=7
@@ -162,6 +176,7 @@ def test_steps_budget_trains_exactly_that_many_steps_with_the_seed(gs_root, tmp_
 def test_cpu_budget_planning():
     assert h.cpu_per_step([5.0, 6.0, 8.0, 10.0, 12.0]) == pytest.approx(2.0)  # skips 2 warm-up
     assert h.steps_for_budget(10.0, 3.0) == 4
+    assert h.step_ceiling(10) == 15 and h.step_ceiling(1) == 2
     with pytest.raises(h.BenchmarkError, match="probe-steps"):
         h.cpu_per_step([1.0, 2.0])
     with pytest.raises(h.BenchmarkError, match="positive"):
@@ -378,8 +393,9 @@ def test_fno_trains_on_our_windows_and_rolls_out(gs_root):
         ref, h.Budget("cpu_seconds", 0.2), n_steps_input=4, batch_size=2, options=opts
     )
     planned = timed.info["probe"]["planned_steps"]
-    assert 1 <= timed.info["steps"] <= planned
-    assert timed.info["steps"] == planned or timed.info["cpu_s"] >= 0.2
+    assert timed.info["max_steps"] == h.step_ceiling(planned) > planned
+    assert 1 <= timed.info["steps"] <= timed.info["max_steps"]
+    assert timed.info["steps"] == timed.info["max_steps"] or timed.info["cpu_s"] >= 0.2
 
 
 def fake_sweep_run(calls, fail_at=None):  # noqa: ANN001

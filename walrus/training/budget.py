@@ -42,7 +42,20 @@ def parse_duration(value: str | float | timedelta) -> float:
     return seconds
 
 
-class TimeBudget(pl.Callback):
+class BudgetCallback(pl.Callback):
+    """A training budget that learning-rate schedules follow.
+
+    :meth:`fraction` is the share of the budget used once the coming optimizer step ends, in
+    ``[0, 1]``; ``WalrusModule`` hands the largest fraction over all budget callbacks to a
+    scheduler that takes ``time_fraction``, so the learning rate reaches its floor when the first
+    budget runs out.
+    """
+
+    def fraction(self) -> float:
+        raise NotImplementedError
+
+
+class TimeBudget(BudgetCallback):
     """Stops training so that the run, its final validation included, ends within ``duration``.
 
     The clock starts when fitting starts (data preparation before it is not counted) and carries

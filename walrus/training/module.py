@@ -28,7 +28,7 @@ from walrus.training.augment import (
     field_keep_mask,
     input_noise,
 )
-from walrus.training.budget import TimeBudget
+from walrus.training.budget import BudgetCallback
 from walrus.training.checkpointing import settle_epoch_progress
 from walrus.training.losses import LOSSES, gradient_loss, normalized_loss
 from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_groups
@@ -49,7 +49,8 @@ class WalrusModule(pl.LightningModule):
         model: a module called as ``model(x, fields, bcs)`` returning ``(B, T', C, *spatial)``.
         optimizer: ``partial(torch.optim.AdamW, lr=...)``; it receives parameter groups.
         lr_scheduler: ``partial(WarmupCosine, ...)``; ``total_steps`` defaults to the trainer's
-            estimate, and a ``TimeBudget`` callback (``trainer.max_time``) is passed as
+            estimate, and the budget callbacks' share used (the largest, see
+            ``BudgetCallback``; ``trainer.max_time`` adds a ``TimeBudget``) is passed as
             ``time_fraction`` when the scheduler takes one. ``None`` keeps the learning rate fixed.
         weight_decay: applied to matrices only (not norms, biases, embeddings).
         loss: ``"mae"`` or ``"mse"``, in normalised space.
@@ -492,12 +493,9 @@ class WalrusModule(pl.LightningModule):
         if "total_steps" not in getattr(self.scheduler_factory, "keywords", {}):
             total = self.trainer.estimated_stepping_batches
             kwargs["total_steps"] = max(int(total), 1) if math.isfinite(total) else None
-        budget = next((c for c in self.trainer.callbacks if isinstance(c, TimeBudget)), None)
-        if (
-            budget is not None
-            and "time_fraction" in inspect.signature(self.scheduler_factory).parameters
-        ):
-            kwargs["time_fraction"] = budget.fraction
+        budgets = [c for c in self.trainer.callbacks if isinstance(c, BudgetCallback)]
+        if budgets and "time_fraction" in inspect.signature(self.scheduler_factory).parameters:
+            kwargs["time_fraction"] = lambda: max(b.fraction() for b in budgets)
         scheduler = self.scheduler_factory(optimizer, **kwargs)
         return {
             "optimizer": optimizer,
