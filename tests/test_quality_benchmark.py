@@ -272,14 +272,15 @@ def test_fno_input_noise_matches_ours_units():
     x = torch.randn(2, 4, 2, 8, 8)
     x[:, :, 1] = 3.0  # a field that does not change in the window gets no noise
     scale = RMSNormalizer().fit(x).scale  # (B, 1, C, 1, 1)
-    for units in ("input_rms", "delta_rms"):
+    for units in ("input_rms", "input_std", "delta_rms"):
         opts = f.FNOOptions(noise=0.5, noise_units=units)
         torch.manual_seed(1)
         got = f.input_noise(x, scale, opts)
         torch.manual_seed(1)
         draw = torch.randn_like(x)
         d = (x[:, 1:] - x[:, :-1]).square().mean(dim=(1, 3, 4), keepdim=True).sqrt()
-        unit = scale if units == "input_rms" else d
+        spread = x.std(dim=(1, 3, 4), keepdim=True, correction=0)
+        unit = {"input_rms": scale, "input_std": spread, "delta_rms": d}[units]
         torch.testing.assert_close(got[:, :, 0], (0.5 * unit * draw)[:, :, 0])
         assert (got[:, :, 1] == 0).all()
     with pytest.raises(h.BenchmarkError, match="--fno-noise-units"):

@@ -103,6 +103,13 @@ def test_noise_units_delta_rms_scale_with_frame_changes_not_values():
         window, scale=torch.full((1, 1, 1, 1, 1), 100.0)
     )
     assert loud.std().item() == pytest.approx(100.0, rel=0.1)
+    # input_std: the values' spread about their mean (the offset 100 left out)
+    spread = window.std(correction=0).item()
+    assert 0.9 < spread < 1.1
+    quiet = _module(input_noise=1.0, noise_units="input_std")._noise(
+        window, scale=torch.full((1, 1, 1, 1, 1), 100.0)
+    )
+    assert quiet.std().item() == pytest.approx(spread, rel=0.1)
 
 
 def test_noisy_inputs_get_targets_back_to_clean_frames():

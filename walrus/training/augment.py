@@ -316,10 +316,16 @@ def input_noise(x: Tensor, scale: Tensor, level: float, units: str) -> Tensor:
     """Gaussian noise of ``level`` units for a window ``x`` ``(B, T, C, *S)``, shaped like ``x``.
 
     The unit is ``scale`` ``(B, 1, C, 1, ...)`` (the normaliser's input RMS) for
-    ``units="input_rms"``, or the window's change RMS for ``"delta_rms"``. Fields that do not
-    change within the window (a steady velocity, a parameter map) get none: their delta targets
-    are in units of a zero change, where any noise is huge.
+    ``units="input_rms"``, the RMS of the window's values about their mean (over time and
+    space, per sample and field) for ``"input_std"``, or the window's change RMS for
+    ``"delta_rms"``. Unlike ``input_rms``, ``input_std`` does not grow with a field's offset (a
+    water height of 1 with waves of 0.05). Fields that do not change within the window (a
+    steady velocity, a parameter map) get none: their delta targets are in units of a zero
+    change, where any noise is huge.
     """
+    if units == "input_std":
+        dims = (1, *range(3, x.ndim))
+        scale = x.float().std(dim=dims, keepdim=True, correction=0)  # (B, 1, C, 1, ...)
     if x.shape[1] < 2:
         return level * scale * torch.randn_like(x)
     change = delta_rms(x)  # (B, 1, C, 1, ...)

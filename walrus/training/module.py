@@ -38,7 +38,7 @@ CONSTANT_FIELD_RTOL = 1e-6
 _NO_STEP = 2**62  # "no bad step yet" in the device-side flag
 _MAX_UNCHECKED = 1000  # steps between non-finite checks when logging is off
 ROLLOUT_MODES = ("one_step", "pushforward", "unrolled")
-NOISE_UNITS = ("input_rms", "delta_rms")
+NOISE_UNITS = ("input_rms", "input_std", "delta_rms")
 LOSS_WEIGHTINGS = ("none", "delta_rms")
 
 
@@ -63,9 +63,10 @@ class WalrusModule(pl.LightningModule):
             ``noise_units``; targets lead back to the clean next frames, so the model learns to
             correct the small errors a rollout feeds back to it.
         noise_units: ``"delta_rms"`` (per sample and field, the RMS of the window's
-            frame-to-frame changes: the same meaning on every dataset) or ``"input_rms"`` (the
+            frame-to-frame changes: the same meaning on every dataset), ``"input_rms"`` (the
             RMS of the window's values: on slowly changing data even a small value swamps the
-            signal).
+            signal, and on a field with an offset it measures the offset) or ``"input_std"``
+            (the RMS of the window's values about their mean).
         rollout_mode: ``"one_step"`` (train on the next frame only), ``"pushforward"`` (roll
             ``k - 1`` steps without gradient, then train on step ``k`` from the model's own
             predictions) or ``"unrolled"`` (roll ``k`` steps with gradient through all of them,
