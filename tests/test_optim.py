@@ -110,3 +110,31 @@ def test_time_budget_fraction_is_rank_zeros_measure():
     budget.on_before_optimizer_step(trainer, None, None)
     budget.on_train_batch_end(trainer, None, None, None, 0)
     assert trainer.should_stop and budget.fraction() == 1.0
+
+
+def test_the_schedule_follows_the_budget_that_is_furthest_along():
+    from functools import partial
+    from types import SimpleNamespace
+
+    from walrus.training.budget import BudgetCallback
+    from walrus.training.module import WalrusModule
+
+    class Share(BudgetCallback):
+        def __init__(self, share: float) -> None:
+            self.share = share
+
+        def fraction(self) -> float:
+            return self.share
+
+    module = WalrusModule(
+        nn.Linear(2, 2),
+        optimizer=partial(torch.optim.SGD, lr=1.0),
+        lr_scheduler=partial(WarmupCosine, warmup_steps=0.0, min_ratio=0.0),
+    )
+    early, late = Share(0.25), Share(0.5)
+    module._trainer = SimpleNamespace(callbacks=[early, late], estimated_stepping_batches=1000)
+    sched = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    assert sched.progress(0) == 0.5  # the larger share, far ahead of step 0 of 1000
+    late.share = 0.1
+    assert sched.progress(0) == 0.25
+    assert sched.factor(0) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.25)))
