@@ -5,8 +5,9 @@
 - Quality files (default: every ``benchmarks/results/quality*.json``): one row per budget,
   dataset and model with the steps and CPU seconds training used, the one-step VRMSE and the
   windowed rollout VRMSE (mean over fields). Files written by ``benchmarks.quality`` with seeds
-  (``format: quality/2``) show ``mean ± std`` over seeds and the ratios of the means of ours to
-  the FNO's and to persistence's; older single-seed files show plain values and ours / FNO.
+  (``format: quality/2``) show ``mean ± std`` over seeds and the ratios of the means of ours,
+  without and with inference jitter (``infer.py``'s default), to the FNO's and to
+  persistence's, naming the candidate of ours chosen on validation unless it is ``quickstart``; older single-seed files show plain values and ours / FNO.
 - The sweep files (default ``benchmarks/results/model_sweep*.json``): one table each, one row
   per candidate, ranked as ``benchmarks.model_sweep`` ranks them.
 
@@ -104,16 +105,20 @@ def _seeded_rows(data: Mapping[str, Any]) -> list[list[str]]:
                 cpu = sum(t["cpu_s"] for t in trained) / len(trained)
                 used = f"{steps:.0f} / {cpu:.0f}"
             label = model
+            chosen_ours = run.get("selection", {}).get("ours", {}).get("chosen", "quickstart")
+            if model.startswith("ours") and chosen_ours != "quickstart":
+                label = f"{model} ({chosen_ours})"
             if model == "fno":
                 chosen = run["selection"]["fno"]["chosen"].removeprefix("fno")
                 label = "fno, width " + chosen.replace("_noise", ", noise ")
             cells = [cell(st["one_step"]), *(cell(st["rollout"].get(w)) for w in WINDOWS)]
             out.append([*head, label, used, *cells])
-        for other in ("fno", "persistence"):
-            if "ours" in models and other in models:
-                ours, ref = means(models["ours"]["stats"]), means(models[other]["stats"])
-                cells = [_fmt(_ratio(a, b)) for a, b in zip(ours, ref)]
-                out.append([*head, f"**ours / {other}**", "", *cells])
+        for mine in ("ours", "ours+jitter"):
+            for other in ("fno", "persistence"):
+                if mine in models and other in models:
+                    ours, ref = means(models[mine]["stats"]), means(models[other]["stats"])
+                    cells = [_fmt(_ratio(a, b)) for a, b in zip(ours, ref)]
+                    out.append([*head, f"**{mine} / {other}**", "", *cells])
     return out
 
 

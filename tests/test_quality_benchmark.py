@@ -482,8 +482,13 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
             {
                 "dataset": "gs",
                 "budget": {"label": "150 cpu-s"},
-                "selection": {"fno": {"chosen": "fno128_noise0"}},
-                "models": {"ours": model(0.2), "fno": model(0.4), "persistence": model(1.0, False)},
+                "selection": {"fno": {"chosen": "fno128_noise0"}, "ours": {"chosen": "std"}},
+                "models": {
+                    "ours": model(0.2),
+                    "ours+jitter": model(0.1),
+                    "fno": model(0.4),
+                    "persistence": model(1.0, False),
+                },
             }
         ],
     }
@@ -514,11 +519,13 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
     text = readme.read_text()
     assert "old numbers" not in text and text.startswith("intro\n") and text.endswith("end\n")
     lines = text.splitlines()
-    ours = next(ln for ln in lines if "| ours |" in ln)
+    ours = next(ln for ln in lines if "| ours (std) |" in ln)  # the candidate chosen on valid
     assert "| 10 / 5 | 0.2 ± 0.02 | 0.2 ± 0.02 | 0.4 ± 0.04 | – | – | – |" in ours
     assert "| 150 cpu-s | gs | fno, width 128, noise 0 |" in text
     assert "| **ours / fno** |  | 0.5 | 0.5 | 0.5 | – |" in text
     assert "| **ours / persistence** |  | 0.2 | 0.2 | 0.2 | – |" in text
+    assert "| **ours+jitter / fno** |  | 0.25 | 0.25 | 0.25 | – |" in text
+    assert "| **ours+jitter / persistence** |  | 0.1 | 0.1 | 0.1 | – |" in text
     sweep_rows = [ln for ln in lines if ln.startswith("| a |") or ln.startswith("| b |")]
     assert [r[:5] for r in sweep_rows] == ["| a |", "| b |"]  # ranked by validation score
     assert text.index("middle") < text.index("| a |") < text.rindex("\nend\n")
