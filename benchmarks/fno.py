@@ -15,8 +15,9 @@ batch size as ours.
 Input noise (``noise``, ``noise_units``) means what ``module.input_noise`` and
 ``module.noise_units`` mean for our model: Gaussian noise on the input window of ``noise``
 times, per sample and field, the window's RMS (``input_rms``), its RMS about its mean
-(``input_std``) or the RMS of its frame-to-frame changes (``delta_rms``); fields that do not change within the window get none; the target leads
-from the noisy last frame to the clean next one.
+(``input_std``) or the RMS of its frame-to-frame changes (``delta_rms``); fields that do not
+change within the window get none; the target leads from the noisy last frame to the clean next
+one.
 
 Install: ``make baseline`` (neuraloperator and py-pde, torch pinned).
 """
