@@ -73,7 +73,7 @@ class CPUBudget(BudgetCallback):
         return time.process_time() - self._start - self._val_total
 
     def fraction(self) -> float:
-        """Share of the budget used so far, in ``[0, 1]`` (0 without a budget or before training)."""
+        """Share of the budget used so far, in ``[0, 1]``; 0 without a budget or before training."""
         if self.seconds is None or self._start is None:
             return 0.0
         return min(self._used_now() / self.seconds, 1.0)

@@ -7,7 +7,8 @@
   windowed rollout VRMSE (mean over fields). Files written by ``benchmarks.quality`` with seeds
   (``format: quality/2``) show ``mean ± std`` over seeds and the ratios of the means of ours,
   without and with inference jitter (``infer.py``'s default), to the FNO's and to
-  persistence's, naming the candidate of ours chosen on validation unless it is ``quickstart``; older single-seed files show plain values and ours / FNO.
+  persistence's, naming the candidate of ours chosen on validation unless it is
+  ``quickstart``; older single-seed files show plain values and ours / FNO.
 - The sweep files (default ``benchmarks/results/model_sweep*.json``): one table each, one row
   per candidate, ranked as ``benchmarks.model_sweep`` ranks them.
 
