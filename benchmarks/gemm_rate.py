@@ -14,6 +14,11 @@ each model are timed, so that a busy machine slows both alike. The figure is
 
 and the issue's target for ``small`` is >= 0.7. The load average is recorded with each round.
 
+After the rounds, one profiled forward+backward of each model splits its CPU time by kind of op
+(:func:`op_breakdown`): GEMM kernels, attention kernels, copies, and the rest (element-wise ops,
+norms, reductions). The GEMM kernels' own FLOP rate, over the square GEMM's, bounds the figure
+above: were every other op free, the step would run at that rate.
+
 Run from the repository root::
 
     python -m benchmarks.gemm_rate                # 5 rounds, 2 threads
@@ -26,11 +31,13 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.accounting import account
 from benchmarks.common import gemm_gflops, print_table, save_json
@@ -83,6 +90,63 @@ class Step:
         return (time.perf_counter() - t0) / iters
 
 
+GEMM_OPS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::addmm_",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::baddbmm_",
+)
+COPY_OPS = ("aten::copy_", "aten::cat", "aten::fill_", "aten::zero_", "aten::stack", "aten::clone")
+
+
+def op_kind(name: str) -> str:
+    """``gemm``, ``attention``, ``copy`` or ``other`` for a profiled aten op name."""
+    if name in GEMM_OPS:
+        return "gemm"
+    if "scaled_dot_product" in name or "attention" in name.lower():
+        return "attention"
+    return "copy" if name in COPY_OPS else "other"
+
+
+def gemm_flops(name: str, shapes: list[list[int]]) -> int:
+    """FLOPs of one GEMM op from its recorded input shapes (0 when they are not recorded).
+
+    ``mm (m,k)(k,n)``, ``addmm[_] (c)(m,k)(k,n)`` and the batched ``bmm``/``baddbmm[_]`` forms:
+    ``2 m k n`` per matrix product.
+    """
+    mats = [s for s in shapes if len(s) >= 2]
+    if name in ("aten::addmm", "aten::addmm_", "aten::baddbmm", "aten::baddbmm_"):
+        mats = mats[-2:] if len(mats) >= 2 else []
+    if len(mats) < 2:
+        return 0
+    a, b = mats[0], mats[1]
+    batch = a[0] if len(a) == 3 else 1
+    return 2 * batch * a[-2] * a[-1] * b[-1]
+
+
+def op_breakdown(step: Callable[[], Any]) -> dict[str, Any]:
+    """One profiled forward+backward of ``step``: CPU seconds per op kind and GEMM FLOPs.
+
+    Returns:
+        ``{"seconds": {kind: s}, "total_s", "gemm_flops"}`` over the ops' self CPU time.
+    """
+    step()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    seconds = dict.fromkeys(("gemm", "attention", "copy", "other"), 0.0)
+    flops = 0
+    for ev in prof.events():
+        if not ev.name.startswith("aten::"):
+            continue
+        kind = op_kind(ev.name)
+        seconds[kind] += ev.self_cpu_time_total * 1e-6
+        if kind == "gemm":
+            flops += gemm_flops(ev.name, [list(s) for s in ev.input_shapes])
+    return {"seconds": seconds, "total_s": sum(seconds.values()), "gemm_flops": flops}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse arguments, run, print, write ``benchmarks/results/gemm_rate.json``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -128,6 +192,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     median = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "round"}
     print("\nmedian over rounds:")
     print_table([median])
+    breakdown = {}
+    for name, step in steps.items():
+        gemm = statistics.mean([gemm_gflops(), gemm_gflops()])
+        parts = op_breakdown(step)
+        gemm_s = parts["seconds"]["gemm"]
+        parts["gemm_kernel_fraction"] = parts["gemm_flops"] / gemm_s / 1e9 / gemm if gemm_s else 0
+        parts["square_gemm_gflops"] = gemm
+        breakdown[name] = parts
+    print("\nself CPU time by kind of op (one profiled step; profiling adds overhead):")
+    print_table(
+        [
+            {
+                "model": name,
+                **{f"{k}_%": 100 * v / b["total_s"] for k, v in b["seconds"].items()},
+                "gemm_kernels_vs_square": b["gemm_kernel_fraction"],
+            }
+            for name, b in breakdown.items()
+        ]
+    )
     path = save_json(
         "gemm_rate",
         {
@@ -138,6 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "models": facts,
             "median": median,
             "rounds": rows,
+            "op_breakdown": breakdown,
             "loadavg_end": list(os.getloadavg()),
         },
         args.results_dir,

@@ -313,3 +313,31 @@ def test_whole_model_compile_matches_eager_training():
             if q.grad is not None:  # relative to the largest gradient (some are exactly ~0)
                 assert (p.grad - q.grad).abs().max() <= 1e-4 * scale, name
             p.grad = q.grad = None
+
+
+def test_gemm_rate_op_breakdown_counts_gemm_flops_exactly():
+    from benchmarks.gemm_rate import gemm_flops, op_breakdown, op_kind
+
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    x, y, c = torch.randn(3, 5, 6), torch.randn(3, 6, 7), torch.randn(3, 5, 7)
+
+    def work() -> None:
+        torch.mm(a, b)  # 2*8*16*4 = 1024
+        torch.addmm(torch.zeros(4), a, b)  # 1024
+        torch.baddbmm(c, x, y)  # 2*3*5*6*7 = 1260
+        torch.cat([a, a]).mul(2.0)
+
+    parts = op_breakdown(work)
+    assert parts["gemm_flops"] == 1024 + 1024 + 1260
+    assert set(parts["seconds"]) == {"gemm", "attention", "copy", "other"}
+    assert math.isclose(parts["total_s"], sum(parts["seconds"].values()))
+    assert parts["seconds"]["gemm"] > 0 and parts["seconds"]["copy"] > 0
+    assert gemm_flops("aten::bmm", [[2, 3, 4], [2, 4, 5]]) == 2 * 2 * 3 * 4 * 5
+    assert gemm_flops("aten::addmm_", [[3, 5], [3, 4], [4, 5]]) == 2 * 3 * 4 * 5
+    assert gemm_flops("aten::mm", [[], []]) == 0
+    assert [op_kind(n) for n in ("aten::addmm_", "aten::cat", "aten::silu")] == [
+        "gemm",
+        "copy",
+        "other",
+    ]
+    assert op_kind("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
