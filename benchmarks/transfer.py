@@ -18,8 +18,9 @@ e.g. the py-pde Gray-Scott set) and each seed of ``--seeds``:
 
 Built-in data is generated under ``--data-root`` when missing (``--n-traj`` 24/4/8; at least
 ``--min-test-trajectories`` test trajectories are required). ``benchmarks/results/transfer.json``
-is written after every run; ``--readme README.md`` renders the table between
-``<!-- transfer-table:start -->`` and ``<!-- transfer-table:end -->``::
+is written after every run (``--name`` sets its stem); ``--readme README.md`` renders the table
+between ``<!-- transfer-table:start -->`` and ``<!-- transfer-table:end -->`` (for another
+``--name N``: ``<!-- transfer-table:start:N -->`` and ``<!-- transfer-table:end:N -->``)::
 
     python -m benchmarks.transfer --pretrain-time 600 --finetune-steps 300 --seeds 0,1,2 \\
         --dataset data/gray_scott_pypde --readme README.md
@@ -358,7 +359,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not path.is_file():
             raise BenchmarkError(f"{path}: no results to render; run the benchmark first")
         data = json.loads(path.read_text())
-        render_readme(args.readme, data)
+        render_readme(args.readme, data, args.name)
         return data
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     argv = [_rel(a) if os.path.isabs(a) else a for a in sys.argv[1:]]
@@ -409,7 +410,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             data["loadavg_end"] = list(os.getloadavg())
             path = save_json(args.name, data, results)
             if args.readme is not None:
-                render_readme(args.readme, data)
+                render_readme(args.readme, data, args.name)
     print(render_table(data))
     print(f"wrote {_rel(path)}")
     return data

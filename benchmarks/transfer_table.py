@@ -16,6 +16,13 @@ MEASURES = ("vrmse", "amplitude_ratio", "change_correlation")
 START, END = "<!-- transfer-table:start -->", "<!-- transfer-table:end -->"
 
 
+def markers(name: str = "transfer") -> tuple[str, str]:
+    """README markers of the table of results file ``name`` (``transfer``: the plain ones)."""
+    if name == "transfer":
+        return START, END
+    return f"<!-- transfer-table:start:{name} -->", f"<!-- transfer-table:end:{name} -->"
+
+
 def spread(values: Sequence[float | None]) -> dict[str, Any]:
     """Mean and sample standard deviation of the finite ``values`` (``None`` when there are none)."""
     v = [x for x in values if x is not None and math.isfinite(x)]
@@ -77,19 +84,27 @@ def render_table(data: Mapping[str, Any]) -> str:
                 "| " + " | ".join([held, f"fine-tuned / scratch, {f} steps", *cells, "", ""]) + " |"
             )
     rec, args = data.get("record", {}), data.get("args", {})
+    steps = [
+        r["pretrain"]["steps"] for r in data.get("runs", []) if "steps" in r.get("pretrain", {})
+    ]
+    pool = str(args.get("systems", "")).replace(",", ", ")
     lines.append(
         f"\nSeeds {args.get('seeds')}; {args.get('pretrain_time')} s of pretraining per held-out "
-        f"set and seed; commit {rec.get('commit')}{' (dirty)' if rec.get('dirty') else ''}, "
+        f"set and seed on {pool or 'n/a'} (less the held-out system)"
+        + (f", {min(steps)}-{max(steps)} steps" if steps else "")
+        + f"; commit {rec.get('commit')}{' (dirty)' if rec.get('dirty') else ''}, "
         f"started {rec.get('started')}. Amplitude, change correlation: last window; 1 is ideal."
     )
     return "\n".join(lines)
 
 
-def render_readme(readme: Path, data: Mapping[str, Any]) -> Path:
-    """Replace the text between the transfer-table markers of ``readme`` with the table."""
+def render_readme(readme: Path, data: Mapping[str, Any], name: str = "transfer") -> Path:
+    """Replace the text between the markers of results file ``name`` in ``readme`` (see
+    :func:`markers`) with its table."""
+    start, end = markers(name)
     text = readme.read_text()
-    if START not in text or END not in text or text.index(START) > text.index(END):
-        raise BenchmarkError(f"{readme}: no {START} ... {END} markers to put the table between")
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    return write_text_atomic(readme, f"{head}{START}\n{render_table(data)}\n{END}{tail}")
+    if start not in text or end not in text or text.index(start) > text.index(end):
+        raise BenchmarkError(f"{readme}: no {start} ... {end} markers to put the table between")
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    return write_text_atomic(readme, f"{head}{start}\n{render_table(data)}\n{end}{tail}")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from walrus.training.optim import WarmupCosine, param_groups
+from walrus.training.optim import WarmupCosine, check_lr_scales, param_groups, scale_group_lrs
 
 
 class _Net(nn.Module):
@@ -31,6 +31,38 @@ def test_no_weight_decay_on_norms_biases_embeddings_and_gains():
         id(p) for p in (net.proj.bias, net.norm.weight, net.norm.bias, net.field_embed, net.gamma)
     }
     assert {id(p) for p in no_decay["params"]} == expected
+
+
+def test_lr_scales_give_a_part_its_own_rate_through_the_schedule():
+    net = _Net()
+    plain = param_groups(net, weight_decay=0.1)
+    assert [g["lr_scale"] for g in plain] == [1.0, 1.0]  # the groups of earlier checkpoints
+    groups = param_groups(net, weight_decay=0.1, lr_scales={"proj": 0.25})
+    by_id = {id(p): (g["lr_scale"], g["weight_decay"]) for g in groups for p in g["params"]}
+    assert by_id[id(net.proj.weight)] == (0.25, 0.1) and by_id[id(net.proj.bias)] == (0.25, 0.0)
+    assert by_id[id(net.norm.weight)] == (1.0, 0.0) and id(net.frozen.weight) not in by_id
+    assert groups[0]["lr_scale"] == 1.0 and groups[0]["weight_decay"] == 0.1  # kept, now empty
+    opt = scale_group_lrs(torch.optim.AdamW(groups, lr=2.0))
+    sched = WarmupCosine(opt, total_steps=10, warmup_steps=0, min_ratio=0.5)
+    for _ in range(10):
+        opt.step()
+        sched.step()
+    rates = {g["lr_scale"]: g["lr"] for g in opt.param_groups}
+    assert rates[1.0] == pytest.approx(1.0) and rates[0.25] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(
+    "scales, message",
+    [
+        ({"blocks": 0.3}, "module.lr_scales: 'blocks' is not a part of the model; its parts: proj"),
+        ({"proj": 0}, "module.lr_scales.proj must be a number > 0"),
+        ({"proj": "fast"}, "module.lr_scales.proj must be a number > 0"),
+        ({"proj": float("inf")}, "module.lr_scales.proj must be finite"),
+    ],
+)
+def test_lr_scales_are_checked(scales, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        check_lr_scales(_Net(), scales)
 
 
 def test_warmup_then_cosine():
@@ -138,3 +170,27 @@ def test_the_schedule_follows_the_budget_that_is_furthest_along():
     late.share = 0.1
     assert sched.progress(0) == 0.25
     assert sched.factor(0) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.25)))
+
+
+def test_module_lr_scales_slow_one_part_and_refuse_unknown_parts():
+    from functools import partial
+    from types import SimpleNamespace
+
+    from walrus.training.module import WalrusModule
+
+    model = nn.Sequential()
+    model.add_module("blocks", nn.Linear(2, 2))
+    model.add_module("embed", nn.Linear(2, 2))
+    module = WalrusModule(
+        model,
+        optimizer=partial(torch.optim.AdamW, lr=1e-3),
+        lr_scheduler=partial(WarmupCosine, warmup_steps=0.0, min_ratio=0.0),
+        lr_scales={"blocks": 0.1},
+    )
+    module._trainer = SimpleNamespace(callbacks=[], estimated_stepping_batches=10)
+    opt = module.configure_optimizers()["optimizer"]
+    rate = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert rate[id(model.blocks.weight)] == pytest.approx(1e-4)
+    assert rate[id(model.embed.weight)] == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="'processor' is not a part of the model; its parts: "):
+        WalrusModule(model, optimizer=partial(torch.optim.AdamW), lr_scales={"processor": 0.1})

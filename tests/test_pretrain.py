@@ -212,6 +212,35 @@ def test_transfer_summary_table_and_readme(tmp_path):
         transfer_table.render_readme(readme, data)
 
 
+def test_transfer_table_names_the_pretraining_and_fills_its_own_markers(tmp_path):
+    runs = [_result("burgers_1d", s, 0.2, 0.4) for s in (0, 1)]
+    for run, steps in zip(runs, (120, 95)):
+        run["pretrain"] = {"systems": ["gray_scott_2d"], "steps": steps}
+    data = {"summary": transfer_table.summarize(runs), "runs": runs}
+    data["args"] = {"systems": "gray_scott_2d,burgers_1d", "seeds": [0, 1]}
+    table = transfer_table.render_table(data)
+    assert "on gray_scott_2d, burgers_1d (less the held-out system), 95-120 steps;" in table
+    start, end = transfer_table.markers("transfer_2d")
+    assert start == "<!-- transfer-table:start:transfer_2d -->"
+    readme = tmp_path / "README.md"
+    plain = f"{transfer_table.START}\nA\n{transfer_table.END}"
+    readme.write_text(f"{plain}\n{start}\nB\n{end}\n")
+    transfer_table.render_readme(readme, data, "transfer_2d")
+    assert readme.read_text() == f"{plain}\n{start}\n{table}\n{end}\n"
+
+
+def test_readme_transfer_tables_are_rendered_from_the_results():
+    readme = (REPO / "README.md").read_text()
+    found = 0
+    for path in sorted((REPO / "benchmarks" / "results").glob("transfer*.json")):
+        start, end = transfer_table.markers(path.stem)
+        if start in readme:
+            block = readme.split(start, 1)[1].split(end, 1)[0]
+            assert block == f"\n{transfer_table.render_table(json.loads(path.read_text()))}\n"
+            found += 1
+    assert found >= 1
+
+
 def test_zero_shot_scores_known_fields_and_skips_unknown_ones(
     pretrained_run, tiny_data_root, tmp_path
 ):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import transfer
-from benchmarks.sweeps.finetune_lr_probe import probe_parser, save_probe
+from benchmarks.sweeps.finetune_probe import probe_parser, save_probe
 
 
 def main() -> None:

@@ -280,7 +280,11 @@ def check_resume_state(ckpt: dict[str, Any], path: str, module: pl.LightningModu
     _check_loops(ckpt.get("loops", {}), path)
     _check_schedulers(ckpt.get("lr_schedulers", []), path)
     if "optimizer_states" in ckpt:
-        groups = param_groups(module.model, getattr(module, "weight_decay", 0.0))
+        groups = param_groups(
+            module.model,
+            getattr(module, "weight_decay", 0.0),
+            lr_scales=getattr(module, "lr_scales", None),
+        )
         shapes = [[tuple(p.shape) for p in g["params"]] for g in groups]
         _check_optimizer(ckpt["optimizer_states"], path, shapes)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -31,7 +31,13 @@ from walrus.training.augment import (
 from walrus.training.budget import BudgetCallback
 from walrus.training.checkpointing import settle_epoch_progress
 from walrus.training.losses import LOSSES, gradient_loss, normalized_loss
-from walrus.training.optim import OptimizerFactory, SchedulerFactory, param_groups
+from walrus.training.optim import (
+    OptimizerFactory,
+    SchedulerFactory,
+    check_lr_scales,
+    param_groups,
+    scale_group_lrs,
+)
 
 # A field is constant when its spatial range is at most this fraction of its magnitude.
 CONSTANT_FIELD_RTOL = 1e-6
@@ -89,6 +95,10 @@ class WalrusModule(pl.LightningModule):
         field_dropout: probability of zeroing each input field of a training sample for all
             its input frames, after normalisation (so it reads as the normaliser's shift: 0
             for RMS, the window mean for mean/std); never every field, targets untouched.
+        lr_scales: learning-rate factor per top-level part of the model, e.g.
+            ``{"blocks": 0.3}`` trains the processor at 0.3 x the optimiser's rate (schedule
+            included) and the encoders, decoders and embeddings at the full rate: fine-tuning
+            with a slower processor. Names are checked against the model's parts.
         compile: ``torch.compile`` in place (the state dict keeps its keys): ``false``,
             ``"blocks"`` (each processor block; ``true`` means this) or ``"model"`` (the whole
             forward, see :mod:`walrus.model.compile`).
@@ -119,6 +129,7 @@ class WalrusModule(pl.LightningModule):
         augment_symmetry: str = "none",
         augment_pseudo: Sequence[str] = PSEUDO_FIELDS,
         field_dropout: float = 0.0,
+        lr_scales: Mapping[str, float] | None = None,
         compile: bool | str = False,
         model_config: dict[str, Any] | None = None,
         vocab: dict[str, Any] | None = None,
@@ -171,6 +182,7 @@ class WalrusModule(pl.LightningModule):
         self.gradient_loss = float(gradient_loss)
         self.symmetry = build_symmetry(augment_symmetry, augment_pseudo)
         self.field_dropout = check_field_dropout(field_dropout)
+        self.lr_scales = check_lr_scales(model, lr_scales)
         self.model_config = model_config or {}
         self.vocab = vocab or {}
         self.data_config = data_config or {}
@@ -487,7 +499,8 @@ class WalrusModule(pl.LightningModule):
         return varying
 
     def configure_optimizers(self) -> Any:
-        optimizer = self.optimizer_factory(param_groups(self.model, self.weight_decay))
+        groups = param_groups(self.model, self.weight_decay, lr_scales=self.lr_scales)
+        optimizer = scale_group_lrs(self.optimizer_factory(groups))
         if self.scheduler_factory is None:
             return optimizer
         kwargs: dict[str, Any] = {}

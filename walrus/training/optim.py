@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -12,27 +12,69 @@ from torch.optim.lr_scheduler import LRScheduler
 NO_DECAY_KEYWORDS = ("bias", "norm", "embed", "gamma", "rel_pos", "pad_token", "padding_token")
 
 
+def check_lr_scales(model: nn.Module, lr_scales: Mapping[str, float] | None) -> dict[str, float]:
+    """``lr_scales`` (top-level part of ``model`` -> learning-rate factor) checked: every name a
+    direct child of ``model`` (``blocks``, ``embed``, ``debed``...), every factor a number > 0.
+
+    Raises:
+        ValueError: naming ``module.lr_scales`` and what is wrong.
+    """
+    parts = dict(model.named_children())
+    out: dict[str, float] = {}
+    for name, scale in (lr_scales or {}).items():
+        if name not in parts:
+            raise ValueError(
+                f"module.lr_scales: {name!r} is not a part of the model; its parts: "
+                f"{', '.join(parts)}"
+            )
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ValueError(
+                f"module.lr_scales.{name} must be a number > 0 (finetune.freeze stops training "
+                f"a part), got {scale!r}"
+            )
+        if not math.isfinite(scale):
+            raise ValueError(f"module.lr_scales.{name} must be finite, got {scale!r}")
+        out[name] = float(scale)
+    return out
+
+
 def param_groups(
-    model: nn.Module, weight_decay: float, no_decay_keywords: Iterable[str] = NO_DECAY_KEYWORDS
+    model: nn.Module,
+    weight_decay: float,
+    no_decay_keywords: Iterable[str] = NO_DECAY_KEYWORDS,
+    lr_scales: Mapping[str, float] | None = None,
 ) -> list[dict]:
     """Split trainable parameters into a decayed group and a no-decay group.
 
     Norm weights, biases, embeddings, layer-scale gains and other vectors (``ndim < 2``) get no
     weight decay; everything else (projection matrices, conv kernels) gets ``weight_decay``.
+    With ``lr_scales`` (see :func:`check_lr_scales`) the parameters of each named part form
+    groups of their own whose ``lr_scale`` entry :func:`scale_group_lrs` applies to the
+    optimiser's rate. Every group has an ``lr_scale`` (1.0 unless named).
     """
     keywords = tuple(no_decay_keywords)
-    decay, no_decay = [], []
+    scales = check_lr_scales(model, lr_scales)
+    # (scale, decayed) -> parameters; the unscaled decayed group first and always there, so that
+    # without lr_scales the groups are those of earlier checkpoints (decay, then no-decay)
+    order = [(1.0, True), (1.0, False), *((s, d) for s in scales.values() for d in (True, False))]
+    groups: dict[tuple[float, bool], list[nn.Parameter]] = {key: [] for key in order}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if p.ndim < 2 or any(k in name.lower() for k in keywords):
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+        decayed = p.ndim >= 2 and not any(k in name.lower() for k in keywords)
+        groups[(scales.get(name.split(".", 1)[0], 1.0), decayed)].append(p)
+    return [
+        {"params": ps, "weight_decay": weight_decay if decayed else 0.0, "lr_scale": scale}
+        for (scale, decayed), ps in groups.items()
+        if ps or (scale, decayed) == (1.0, True)
+    ]
+
+
+def scale_group_lrs(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Multiply each group's ``lr`` by its ``lr_scale`` (before a scheduler reads the rates)."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * group.get("lr_scale", 1.0)
+    return optimizer
 
 
 class WarmupCosine(LRScheduler):

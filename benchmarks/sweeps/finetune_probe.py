@@ -1,0 +1,114 @@
+"""One-off probe: fine-tune the pretrained checkpoints of a ``benchmarks.transfer`` run with
+other recipes, with the benchmark's own ``fit`` and ``evaluate``, and compare with its rows.
+
+    python -m benchmarks.sweeps.finetune_probe --transfer-json benchmarks/results/transfer.json \\
+        --work-dir WORK --dataset data/gray_scott_pypde \\
+        --candidates "lr3e-3=optimizer.lr=3e-3;slow_blocks=optimizer.lr=3e-3 module.lr_scales={blocks:0.1}" \\
+        --out benchmarks/results/X.json
+
+``WORK`` is the transfer run's ``--work-dir`` (its ``<held>/seed_<N>/pretrain`` checkpoints);
+``--dataset`` names the held-out set (for a built-in one, its folder under the run's data root).
+Each candidate's overrides follow ``experiment=finetune init_from=...``; ``--lrs 1e-3 3e-3``
+adds one candidate per rate. Per seed, every candidate is scored on validation (the run's final
+``val/rollout_vrmse``) and on the test split, with its test VRMSE over the run's fine-tuned and
+scratch rows; ``chosen`` names the candidate with the best validation score, the run's own
+fine-tuned row (``transfer``) included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from benchmarks import transfer
+from benchmarks.quality import parse_candidates
+from walrus.atomic import write_text_atomic
+
+
+def probe_parser(prog: str) -> argparse.ArgumentParser:
+    """The arguments every probe of a finished transfer run takes (see the module docstring)."""
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--transfer-json", type=Path, required=True)
+    p.add_argument("--work-dir", type=Path, required=True)
+    p.add_argument("--dataset", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def save_probe(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Write ``rows`` to ``args.out`` with the commit, dirty flag and relative arguments."""
+    argv = {k: os.path.relpath(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    record = {**transfer.git_state(), "args": argv}
+    write_text_atomic(args.out, json.dumps({"record": record, "rows": rows}, indent=1))
+
+
+def main() -> None:
+    p = probe_parser("python -m benchmarks.sweeps.finetune_probe")
+    p.add_argument("--candidates", type=parse_candidates, default={})
+    p.add_argument("--lrs", type=float, nargs="*", default=[])
+    p.add_argument("--steps", type=int, default=300)
+    args = p.parse_args()
+    candidates = {**{f"lr{lr:g}": [f"optimizer.lr={lr}"] for lr in args.lrs}, **args.candidates}
+    if not candidates:
+        p.error("give --candidates or --lrs")
+    done = json.loads(args.transfer_json.read_text())
+    held = transfer.external_set(args.dataset)
+    rows = []
+    for run in (r for r in done["runs"] if r["held_out"] == held.name):
+        seed = run["seed"]
+        ckpt = args.work_dir / held.name / f"seed_{seed}" / "pretrain" / "checkpoints" / "last.ckpt"
+        base = [
+            "experiment=finetune",
+            f"paths.data_dir={held.root}",
+            f"data.datasets=[{held.name}]",
+            f"seed={seed}",
+            "data.generate_if_missing=false",
+            f"init_from={ckpt}",
+            f"trainer.max_steps={args.steps}",
+        ]
+        own = run["models"][f"finetune {args.steps}"]
+        rows.append(
+            {
+                "seed": seed,
+                "candidate": "transfer",
+                "lr": own["lr"],
+                "val": own["val"],
+                "test": own["test"]["model"],
+            }
+        )
+        for name, overrides in candidates.items():
+            out = args.work_dir / "probe" / held.name / f"seed_{seed}_{name}"
+            ft = transfer.fit([*base, *overrides], out)
+            test = transfer.evaluate(ft["checkpoint"], held, out / "eval")["model"]
+            rows.append(
+                {
+                    "seed": seed,
+                    "candidate": name,
+                    "overrides": overrides,
+                    "steps": ft["steps"],
+                    "val": ft["val"],
+                    "test": test,
+                }
+            )
+            save_probe(args, rows)  # what is done survives a stop
+        mine = [r for r in rows if r["seed"] == seed]
+        for r in mine:
+            for kind in ("finetune", "scratch"):
+                ref = run["models"][f"{kind} {args.steps}"]["test"]["model"]["vrmse"]
+                r[f"over_{kind}"] = {w: v / ref[w] for w, v in r["test"]["vrmse"].items()}
+            print(
+                seed,
+                r["candidate"],
+                {w: round(v, 3) for w, v in r["over_scratch"].items()},
+                flush=True,
+            )
+        best = min(mine, key=lambda r: transfer._val_score(r))
+        for r in mine:
+            r["chosen"] = r is best
+    save_probe(args, rows)
+
+
+if __name__ == "__main__":
+    main()
