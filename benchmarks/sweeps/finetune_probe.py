@@ -9,10 +9,11 @@ other recipes, with the benchmark's own ``fit`` and ``evaluate``, and compare wi
 ``WORK`` is the transfer run's ``--work-dir`` (its ``<held>/seed_<N>/pretrain`` checkpoints);
 ``--dataset`` names the held-out set (for a built-in one, its folder under the run's data root).
 Each candidate's overrides follow ``experiment=finetune init_from=...``; ``--lrs 1e-3 3e-3``
-adds one candidate per rate. Per seed, every candidate is scored on validation (the run's final
-``val/rollout_vrmse``) and on the test split, with its test VRMSE over the run's fine-tuned and
-scratch rows; ``chosen`` names the candidate with the best validation score, the run's own
-fine-tuned row (``transfer``) included.
+adds one candidate per rate; ``--scratch-candidates`` train from scratch
+(``finetune.enabled=false``) instead. Per seed, every run is scored on validation (its final
+``val/rollout_vrmse``) and on the test split. On each side (fine-tune, scratch) ``chosen`` marks
+the run with the best validation score, the transfer run's own row (``transfer``) included, and
+a row of kind ``chosen`` gives the chosen fine-tuned over the chosen scratch test VRMSE.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def main() -> None:
     p = probe_parser("python -m benchmarks.sweeps.finetune_probe")
     p.add_argument("--candidates", type=parse_candidates, default={})
     p.add_argument("--lrs", type=float, nargs="*", default=[])
+    p.add_argument("--scratch-candidates", type=parse_candidates, default={})
     p.add_argument("--steps", type=int, default=300)
     args = p.parse_args()
     candidates = {**{f"lr{lr:g}": [f"optimizer.lr={lr}"] for lr in args.lrs}, **args.candidates}
-    if not candidates:
-        p.error("give --candidates or --lrs")
+    if not candidates and not args.scratch_candidates:
+        p.error("give --candidates, --lrs or --scratch-candidates")
+    todo = {("finetune", n): o for n, o in candidates.items()}
+    todo.update({("scratch", n): o for n, o in args.scratch_candidates.items()})
     done = json.loads(args.transfer_json.read_text())
     held = transfer.external_set(args.dataset)
     rows = []
@@ -65,48 +69,34 @@ def main() -> None:
             f"data.datasets=[{held.name}]",
             f"seed={seed}",
             "data.generate_if_missing=false",
-            f"init_from={ckpt}",
             f"trainer.max_steps={args.steps}",
         ]
-        own = run["models"][f"finetune {args.steps}"]
-        rows.append(
-            {
-                "seed": seed,
-                "candidate": "transfer",
-                "lr": own["lr"],
-                "val": own["val"],
-                "test": own["test"]["model"],
-            }
-        )
-        for name, overrides in candidates.items():
-            out = args.work_dir / "probe" / held.name / f"seed_{seed}_{name}"
-            ft = transfer.fit([*base, *overrides], out)
-            test = transfer.evaluate(ft["checkpoint"], held, out / "eval")["model"]
-            rows.append(
-                {
-                    "seed": seed,
-                    "candidate": name,
-                    "overrides": overrides,
-                    "steps": ft["steps"],
-                    "val": ft["val"],
-                    "test": test,
-                }
-            )
+        start = {
+            "finetune": [*base, f"init_from={ckpt}"],
+            "scratch": [*base, "finetune.enabled=false"],
+        }
+        for kind in ("finetune", "scratch"):
+            own = run["models"][f"{kind} {args.steps}"]
+            row = {"seed": seed, "kind": kind, "candidate": "transfer", "lr": own["lr"]}
+            rows.append({**row, "val": own["val"], "test": own["test"]["model"]})
+        for (kind, name), overrides in todo.items():
+            out = args.work_dir / "probe" / held.name / f"seed_{seed}_{kind}_{name}"
+            fitted = transfer.fit([*start[kind], *overrides], out)
+            test = transfer.evaluate(fitted["checkpoint"], held, out / "eval")["model"]
+            row = {"seed": seed, "kind": kind, "candidate": name, "overrides": overrides}
+            rows.append({**row, "steps": fitted["steps"], "val": fitted["val"], "test": test})
             save_probe(args, rows)  # what is done survives a stop
-        mine = [r for r in rows if r["seed"] == seed]
-        for r in mine:
-            for kind in ("finetune", "scratch"):
-                ref = run["models"][f"{kind} {args.steps}"]["test"]["model"]["vrmse"]
-                r[f"over_{kind}"] = {w: v / ref[w] for w, v in r["test"]["vrmse"].items()}
-            print(
-                seed,
-                r["candidate"],
-                {w: round(v, 3) for w, v in r["over_scratch"].items()},
-                flush=True,
-            )
-        best = min(mine, key=lambda r: transfer._val_score(r))
-        for r in mine:
-            r["chosen"] = r is best
+        chosen = {}
+        for kind in ("finetune", "scratch"):
+            side = [r for r in rows if r["seed"] == seed and r.get("kind") == kind]
+            chosen[kind] = min(side, key=transfer._val_score)
+            for r in side:
+                r["chosen"] = r is chosen[kind]
+        ft, sc = chosen["finetune"]["test"]["vrmse"], chosen["scratch"]["test"]["vrmse"]
+        ratio = {w: v / sc[w] for w, v in ft.items()}
+        names = {k: chosen[k]["candidate"] for k in chosen}
+        rows.append({"seed": seed, "kind": "chosen", **names, "finetune_over_scratch": ratio})
+        print(seed, names, {w: round(v, 3) for w, v in ratio.items()}, flush=True)
     save_probe(args, rows)
 
 
