@@ -83,6 +83,7 @@ def test_finetune_resumes_with_ckpt_path_alone_in_its_own_folder(
         f"init_from={pretrained}",
         "trainer.max_steps=3",
         "trainer.log_every_n_steps=1",
+        "module.lr_scales={blocks:0.5}",  # its own optimiser groups must resume too
     )
     _run(compose_cfg, first, out_dir=run)
     added = [r.getMessage() for r in caplog.records if "fine-tune: added" in r.getMessage()]
@@ -99,6 +100,8 @@ def test_finetune_resumes_with_ckpt_path_alone_in_its_own_folder(
     _, objects = _run(compose_cfg, merged)  # no output folder given: the checkpoint's
     assert objects["output_dir"] == run
     assert objects["trainer"].global_step == 5
+    rates = {g["lr_scale"]: g["lr"] for g in objects["trainer"].optimizers[0].param_groups}
+    assert set(rates) == {1.0, 0.5} and rates[0.5] == pytest.approx(0.5 * rates[1.0])
     assert load_checkpoint_file(last)["global_step"] == 5
     # the CSV history is continued, not replaced ("Previous log files will be deleted")
     assert _csv_steps(run / "logs" / "metrics.csv") == [0, 1, 2, 3, 4]

@@ -308,9 +308,9 @@ def test_transfer_smoke(tmp_path):
     assert run["zero_shot_skipped"].startswith("the held-out set has fields")
     assert models["finetune 2"]["steps"] == 2 and models["scratch 2"]["steps"] == 2
     assert models["scratch 2"]["lr"] in (1e-3, 3e-4) and len(models["scratch 2"]["val_by_lr"]) == 2
-    # fine-tuning chooses its rate on validation too (default 3e-4 and 1e-3)
+    # fine-tuning chooses its rate on validation too (default 3e-3 and 1e-2)
     ft = models["finetune 2"]
-    assert set(ft["val_by_lr"]) == {"0.0003", "0.001"} and ft["lr"] in (3e-4, 1e-3)
+    assert set(ft["val_by_lr"]) == {"0.003", "0.01"} and ft["lr"] in (3e-3, 1e-2)
     scores = {lr: v["val/rollout_vrmse"] for lr, v in ft["val_by_lr"].items()}
     assert f"{ft['lr']:g}" == min(scores, key=scores.get)
     assert models["finetune 2"]["test"]["trajectories"] == 8
