@@ -179,6 +179,18 @@ def _datasets_override(names: Sequence[str]) -> str:
     return "data.datasets=[" + ",".join(f"{{name:{n},weight:1.0}}" for n in names) + "]"
 
 
+def held_overrides(held: DataSet, seed: int) -> list[str]:
+    """``experiment=finetune`` on ``held`` alone with ``seed`` (add ``init_from=`` to fine-tune,
+    ``finetune.enabled=false`` to train from scratch)."""
+    return [
+        "experiment=finetune",
+        f"paths.data_dir={held.root}",
+        f"data.datasets=[{held.name}]",
+        f"seed={seed}",
+        "data.generate_if_missing=false",
+    ]
+
+
 def run_one(
     held: DataSet,
     pool: Sequence[DataSet],
@@ -193,12 +205,7 @@ def run_one(
     if len({p.root for p in pool}) != 1:
         raise BenchmarkError("the pretraining systems must share one --data-root")
     base = [f"seed={seed}", "data.generate_if_missing=false", *args.override]
-    on_held = [
-        "experiment=finetune",
-        f"paths.data_dir={held.root}",
-        f"data.datasets=[{held.name}]",
-        *base,
-    ]
+    on_held = [*held_overrides(held, seed), *args.override]
     scratch = [*on_held, "finetune.enabled=false"]
     out = work / held.name / f"seed_{seed}"
     record: dict[str, Any] = {

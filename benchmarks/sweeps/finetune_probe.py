@@ -63,14 +63,7 @@ def main() -> None:
     for run in (r for r in done["runs"] if r["held_out"] == held.name):
         seed = run["seed"]
         ckpt = args.work_dir / held.name / f"seed_{seed}" / "pretrain" / "checkpoints" / "last.ckpt"
-        base = [
-            "experiment=finetune",
-            f"paths.data_dir={held.root}",
-            f"data.datasets=[{held.name}]",
-            f"seed={seed}",
-            "data.generate_if_missing=false",
-            f"trainer.max_steps={args.steps}",
-        ]
+        base = [*transfer.held_overrides(held, seed), f"trainer.max_steps={args.steps}"]
         start = {
             "finetune": [*base, f"init_from={ckpt}"],
             "scratch": [*base, "finetune.enabled=false"],
