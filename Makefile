@@ -1,5 +1,5 @@
 # Two commands do all the setup: `make demo` and `make test`.
-# Targets: install, test, test-slow, lint, format, demo, clean; baseline (the quality
+# Targets: install, test, test-slow, lint, format, docs, demo, clean; baseline (the quality
 # benchmark's extras, neuraloperator and py-pde, into the same venv with torch pinned);
 # pretrain (all nine built-in systems, about 30 minutes on 2 cores, model card beside the checkpoint).
 PYTHON ?= python3
@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install baseline test test-slow lint format demo demo-dir pretrain clean
+.PHONY: install baseline test test-slow lint format docs demo demo-dir pretrain clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,13 +35,23 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The default suite runs on every core (pytest-xdist); `-p no:xdist` runs it in one process.
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
-# Also the heavier test: the full quickstart accuracy run.
+# Every test, the heavier ones too (the full quickstart accuracy run, distributed, compile).
 test-slow: install
 	$(PY) -m pytest -q -m ''
+
+# The documentation site, built strictly (a broken link or docstring fails) into site/.
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]' torch==2.13.0
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Demo: data -> train experiment=quickstart -> roll out on the test split. Knobs for a quick
 # plumbing check: DEMO_DATA_ARGS (generator flags), DEMO_ARGS (train overrides),
@@ -97,4 +107,4 @@ pretrain: install
 	@echo "pretrain done: $(PRETRAIN_DIR)/checkpoints/last.ckpt, model card $(PRETRAIN_DIR)/MODEL_CARD.md"
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) outputs site .pytest_cache .ruff_cache

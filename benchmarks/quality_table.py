@@ -1,6 +1,6 @@
-"""Render the quality and model-sweep JSON as the README's Markdown tables.
+"""Render the quality and model-sweep JSON as the docs' Markdown tables.
 
-``python -m benchmarks.quality_table [FILE ...] [--sweep FILE] [--write-readme]``
+``python -m benchmarks.quality_table [FILE ...] [--sweep FILE] [--write]``
 
 - Quality files (default: every ``benchmarks/results/quality*.json``): one row per budget,
   dataset and model with the steps and CPU seconds training used, the one-step VRMSE and the
@@ -12,10 +12,10 @@
 - The sweep files (default ``benchmarks/results/model_sweep*.json``): one table each, one row
   per candidate, ranked as ``benchmarks.model_sweep`` ranks them.
 
-Without ``--write-readme`` the tables are printed. With it, the text between
-``<!-- quality-table:start -->`` and ``<!-- quality-table:end -->`` in README.md (and between the
-``sweep-table`` markers, when a sweep file is rendered) is replaced, so the README's numbers come
-from the JSON.
+Without ``--write`` the tables are printed. With it, the text between
+``<!-- quality-table:start -->`` and ``<!-- quality-table:end -->`` on ``docs/results.md`` (and
+between the ``sweep-table`` markers on ``docs/studies.md``, when a sweep file is rendered) is
+replaced, so the pages' numbers come from the JSON.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR
 from benchmarks.model_sweep import ranking
-from walrus.atomic import atomic_path
+from benchmarks.pages import RESULTS_PAGE, STUDIES_PAGE, write_between
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 WINDOWS = ("1", "2-10", "11-30", "31-60", "61+")
 HEAD = [
     "budget",
@@ -167,28 +166,20 @@ def sweep_markdown(data: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def replace_between(text: str, marker: str, body: str, source: str = "README.md") -> str:
-    """``text`` with what lies between ``<!-- {marker}:start -->`` and ``:end -->`` replaced."""
-    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
-    i, j = text.find(start), text.find(end)
-    if i < 0 or j < i or text.count(start) != 1 or text.count(end) != 1:
-        raise ValueError(f"{source}: needs exactly one {start} followed by one {end}")
-    return f"{text[: i + len(start)]}\n{body}\n{text[j:]}"
-
-
-def write_readme(
-    quality: Sequence[Path], sweep: Path | Sequence[Path] | None = None, readme: Path = README
-) -> Path:
-    """Replace the marked tables of ``readme`` (atomically) with those rendered from the JSON
-    (``sweep``: one sweep file or several, one table each)."""
-    text = replace_between(readme.read_text(), "quality-table", markdown(quality), readme.name)
+def write_pages(
+    quality: Sequence[Path],
+    sweep: Path | Sequence[Path] | None = None,
+    results_page: Path = RESULTS_PAGE,
+    studies_page: Path = STUDIES_PAGE,
+) -> list[Path]:
+    """Replace the quality table on ``results_page`` and, given ``sweep`` (one sweep file or
+    several, one table each), the sweep tables on ``studies_page``, from the JSON."""
+    written = [write_between(results_page, "quality-table", markdown(quality))]
     sweeps = [sweep] if isinstance(sweep, Path) else list(sweep or [])
     if sweeps:
         body = "\n\n".join(sweep_markdown(json.loads(p.read_text())) for p in sweeps)
-        text = replace_between(text, "sweep-table", body, readme.name)
-    with atomic_path(readme) as tmp:
-        tmp.write_text(text)
-    return readme
+        written.append(write_between(studies_page, "sweep-table", body))
+    return written
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -198,14 +189,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--sweep", type=Path, action="append", help="model sweep JSON (repeat for several)"
     )
-    parser.add_argument("--write-readme", action="store_true", help="update README.md's tables")
-    parser.add_argument("--readme", type=Path, default=README, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--write", action="store_true", help="update the tables on docs/results.md, docs/studies.md"
+    )
     args = parser.parse_args(argv)
     files = args.files or sorted(RESULTS_DIR.glob("quality*.json"))
     sweep = args.sweep or sorted(RESULTS_DIR.glob("model_sweep*.json"))
     try:
-        if args.write_readme:
-            print(f"wrote {write_readme(files, sweep, args.readme)}")
+        if args.write:
+            for page in write_pages(files, sweep):
+                print(f"wrote {page}")
             return
         print(markdown(files))
         for path in sweep:

@@ -18,13 +18,13 @@ e.g. the py-pde Gray-Scott set) and each seed of ``--seeds``:
 
 Built-in data is generated under ``--data-root`` when missing (``--n-traj`` 24/4/8; at least
 ``--min-test-trajectories`` test trajectories are required). ``benchmarks/results/transfer.json``
-is written after every run (``--name`` sets its stem); ``--readme README.md`` renders the table
+is written after every run (``--name`` sets its stem); ``--page docs/results.md`` renders the table
 between ``<!-- transfer-table:start -->`` and ``<!-- transfer-table:end -->`` (for another
 ``--name N``: ``<!-- transfer-table:start:N -->`` and ``<!-- transfer-table:end:N -->``)::
 
     python -m benchmarks.transfer --pretrain-time 600 --finetune-steps 300 --seeds 0,1,2 \\
-        --dataset data/gray_scott_pypde --readme README.md
-    python -m benchmarks.transfer --render-only --readme README.md
+        --dataset data/gray_scott_pypde --page docs/results.md
+    python -m benchmarks.transfer --render-only
 
 Training CPU time is measured (and capped, for the long-scratch row) by the quality benchmark's
 :class:`benchmarks.budgets.CPUBudget`.
@@ -48,7 +48,8 @@ import torch
 
 from benchmarks.budgets import BenchmarkError, CPUBudget, step_ceiling
 from benchmarks.common import RESULTS_DIR, save_json
-from benchmarks.transfer_table import MEASURES, render_readme, render_table, summarize
+from benchmarks.pages import RESULTS_PAGE
+from benchmarks.transfer_table import MEASURES, render_page, render_table, summarize
 from walrus.data.synthetic import SYSTEMS, generate
 from walrus.data.well_dataset import WellDataset
 from walrus.pretrained import infer
@@ -170,7 +171,7 @@ def evaluate(ckpt: Path, ref: DataSet, out: Path, batch_size: int = 4) -> dict[s
 
 def _portable(key: str, value: Any) -> Any:
     """An argument for the JSON: folders relative to the current one."""
-    if key in ("data_root", "work_dir", "results_dir", "readme") and value is not None:
+    if key in ("data_root", "work_dir", "results_dir", "page") and value is not None:
         return _rel(value)
     return [_rel(v) for v in value] if key == "dataset" else value
 
@@ -353,8 +354,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--work-dir", help="training runs (default: outputs/transfer/<UTC time>)")
     add("--results-dir", default=None, help="default: benchmarks/results")
     add("--name", default="transfer", help="results file stem")
-    add("--readme", type=Path, help="render the table into this README")
-    add("--render-only", action="store_true", help="only render the saved JSON into --readme")
+    add("--page", type=Path, help="render the table onto this Markdown page")
+    add(
+        "--render-only",
+        action="store_true",
+        help="only render the saved JSON onto --page (default docs/results.md)",
+    )
     return p
 
 
@@ -362,13 +367,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark as ``args`` describe; writes the JSON after every run."""
     results = Path(args.results_dir) if args.results_dir else RESULTS_DIR
     if args.render_only:
-        if args.readme is None:
-            raise BenchmarkError("--render-only needs --readme PATH")
         path = results / f"{args.name}.json"
         if not path.is_file():
             raise BenchmarkError(f"{path}: no results to render; run the benchmark first")
         data = json.loads(path.read_text())
-        render_readme(args.readme, data, args.name)
+        render_page(args.page or RESULTS_PAGE, data, args.name)
         return data
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     argv = [_rel(a) if os.path.isabs(a) else a for a in sys.argv[1:]]
@@ -418,8 +421,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             data["summary"] = summarize(data["runs"])
             data["loadavg_end"] = list(os.getloadavg())
             path = save_json(args.name, data, results)
-            if args.readme is not None:
-                render_readme(args.readme, data, args.name)
+            if args.page is not None:
+                render_page(args.page, data, args.name)
     print(render_table(data))
     print(f"wrote {_rel(path)}")
     return data

@@ -1,4 +1,4 @@
-"""Summary and README table of ``benchmarks.transfer`` results: mean and spread over seeds of
+"""Summary and docs table of ``benchmarks.transfer`` results: mean and spread over seeds of
 each measure in each rollout window, and the fine-tuned / scratch VRMSE ratios."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ START, END = "<!-- transfer-table:start -->", "<!-- transfer-table:end -->"
 
 
 def markers(name: str = "transfer") -> tuple[str, str]:
-    """README markers of the table of results file ``name`` (``transfer``: the plain ones)."""
+    """Page markers of the table of results file ``name`` (``transfer``: the plain ones)."""
     if name == "transfer":
         return START, END
     return f"<!-- transfer-table:start:{name} -->", f"<!-- transfer-table:end:{name} -->"
@@ -98,13 +98,13 @@ def render_table(data: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_readme(readme: Path, data: Mapping[str, Any], name: str = "transfer") -> Path:
-    """Replace the text between the markers of results file ``name`` in ``readme`` (see
+def render_page(page: Path, data: Mapping[str, Any], name: str = "transfer") -> Path:
+    """Replace the text between the markers of results file ``name`` on ``page`` (see
     :func:`markers`) with its table."""
     start, end = markers(name)
-    text = readme.read_text()
+    text = page.read_text()
     if start not in text or end not in text or text.index(start) > text.index(end):
-        raise BenchmarkError(f"{readme}: no {start} ... {end} markers to put the table between")
+        raise BenchmarkError(f"{page}: no {start} ... {end} markers to put the table between")
     head, rest = text.split(start, 1)
     tail = rest.split(end, 1)[1]
-    return write_text_atomic(readme, f"{head}{start}\n{render_table(data)}\n{end}{tail}")
+    return write_text_atomic(page, f"{head}{start}\n{render_table(data)}\n{end}{tail}")

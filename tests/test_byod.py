@@ -1,4 +1,4 @@
-"""The README's "bring your own data" example runs as written, and training on its files works."""
+"""The data guide's "bring your own data" example runs as written, and training on its files works."""
 
 from __future__ import annotations
 
@@ -10,20 +10,22 @@ import h5py
 from tests.conftest import REPO, tiny_train_overrides
 from walrus.training.train import train
 
+GUIDE = REPO / "docs" / "guide" / "data.md"
 
-def _readme_example() -> str:
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Train on your own data", 1)[1]
+
+def _guide_example() -> str:
+    text = GUIDE.read_text()
+    section = text.split("## Train on your own data", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match, "no python example under 'Train on your own data'"
     return match.group(1)
 
 
-def test_readme_example_writes_a_dataset_that_trains(compose_cfg, tmp_path, monkeypatch, caplog):
-    code = _readme_example()
+def test_guide_example_writes_a_dataset_that_trains(compose_cfg, tmp_path, monkeypatch, caplog):
+    code = _guide_example()
     assert "write_well_file" in code and len(code.splitlines()) <= 20
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, str(GUIDE), "exec"), {})
     root = tmp_path / "DATA"
     with h5py.File(root / "my_solver_runs/data/train/train.hdf5") as f:
         assert f.attrs["n_spatial_dims"] == 2 and f.attrs["n_trajectories"] == 4

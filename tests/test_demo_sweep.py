@@ -1,4 +1,4 @@
-"""benchmarks.demo_sweep: what it reads from a rollout's metrics.json and how it averages."""
+"""benchmarks.studies.demo_sweep: what it reads from a rollout's metrics.json and how it averages."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo_sweep import MEASURES, main, summarise, table
+from benchmarks.studies.demo_sweep import MEASURES, main, summarise, table
 
 WINDOWS = ["1", "2-10", "11-30"]
 
@@ -44,7 +44,7 @@ def test_bad_candidate_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_markdown_table_rows_per_candidate_and_k(tmp_path: Path) -> None:
-    from benchmarks.demo_sweep import markdown
+    from benchmarks.studies.demo_sweep import markdown
 
     a = summarise(_metrics(tmp_path, 1.0, [1.0]))
     result = {
@@ -64,7 +64,7 @@ def test_markdown_table_rows_per_candidate_and_k(tmp_path: Path) -> None:
 def test_rollout_data_dir_rolls_out_existing_checkpoints_there(tmp_path: Path, monkeypatch) -> None:
     """A run folder that holds last.ckpt is not retrained; its rollout reads --rollout-data-dir
     (validation split), and the JSON names that root without its absolute path."""
-    import benchmarks.demo_sweep as sweep
+    import benchmarks.studies.demo_sweep as sweep
 
     ckpt = tmp_path / "work" / "base-s0" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)

@@ -265,7 +265,7 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
 def test_own_dataset_trains_on_a_time_budget_rolls_out_and_the_well_reads_it(
     tmp_path: Path,
 ) -> None:
-    """README "Train on your own data": the same commands, sized for a test."""
+    """The data guide's "Train on your own data": the same commands, sized for a test."""
     data, run, out = tmp_path / "my_data", tmp_path / "runs" / "my_solver", tmp_path / "rollout"
     _dummy_dataset(data, "my_solver_runs")  # a name we do not ship, written by The Well's code
     _run(

@@ -188,7 +188,7 @@ def _result(held, seed, ft, scratch):
     }
 
 
-def test_transfer_summary_table_and_readme(tmp_path):
+def test_transfer_summary_table_and_page(tmp_path):
     runs = [_result("burgers_1d", 0, 0.2, 0.4), _result("burgers_1d", 1, 0.4, 0.6)]
     summary = transfer_table.summarize(runs)["burgers_1d"]
     ft = summary["models"]["finetune 3"]["vrmse"]
@@ -201,15 +201,15 @@ def test_transfer_summary_table_and_readme(tmp_path):
     assert "| burgers_1d | fine-tuned / scratch, 3 steps | 0.60 | 0.60 |" in table
     assert "commit abc (dirty)" in table
 
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{transfer_table.START}\nold\n{transfer_table.END}\noutro\n")
-    transfer_table.render_readme(readme, data)
-    text = readme.read_text()
+    page = tmp_path / "results.md"
+    page.write_text(f"intro\n{transfer_table.START}\nold\n{transfer_table.END}\noutro\n")
+    transfer_table.render_page(page, data)
+    text = page.read_text()
     assert text.startswith(f"intro\n{transfer_table.START}\n| held out |") and "old" not in text
     assert text.endswith(f"{transfer_table.END}\noutro\n")
-    readme.write_text("no markers\n")
-    with pytest.raises(transfer.BenchmarkError, match="README.md: no <!-- transfer-table:start"):
-        transfer_table.render_readme(readme, data)
+    page.write_text("no markers\n")
+    with pytest.raises(transfer.BenchmarkError, match="results.md: no <!-- transfer-table:start"):
+        transfer_table.render_page(page, data)
 
 
 def test_transfer_table_names_the_pretraining_and_fills_its_own_markers(tmp_path):
@@ -222,23 +222,11 @@ def test_transfer_table_names_the_pretraining_and_fills_its_own_markers(tmp_path
     assert "on gray_scott_2d, burgers_1d (less the held-out system), 95-120 steps;" in table
     start, end = transfer_table.markers("transfer_2d")
     assert start == "<!-- transfer-table:start:transfer_2d -->"
-    readme = tmp_path / "README.md"
+    page = tmp_path / "results.md"
     plain = f"{transfer_table.START}\nA\n{transfer_table.END}"
-    readme.write_text(f"{plain}\n{start}\nB\n{end}\n")
-    transfer_table.render_readme(readme, data, "transfer_2d")
-    assert readme.read_text() == f"{plain}\n{start}\n{table}\n{end}\n"
-
-
-def test_readme_transfer_tables_are_rendered_from_the_results():
-    readme = (REPO / "README.md").read_text()
-    found = 0
-    for path in sorted((REPO / "benchmarks" / "results").glob("transfer*.json")):
-        start, end = transfer_table.markers(path.stem)
-        if start in readme:
-            block = readme.split(start, 1)[1].split(end, 1)[0]
-            assert block == f"\n{transfer_table.render_table(json.loads(path.read_text()))}\n"
-            found += 1
-    assert found >= 1
+    page.write_text(f"{plain}\n{start}\nB\n{end}\n")
+    transfer_table.render_page(page, data, "transfer_2d")
+    assert page.read_text() == f"{plain}\n{start}\n{table}\n{end}\n"
 
 
 def test_zero_shot_scores_known_fields_and_skips_unknown_ones(

@@ -1,5 +1,5 @@
 """One Python path: ``walrus.load`` gives what ``infer.py`` uses, ``walrus.rollout`` on it gives
-``infer.py rollout``'s numbers (jitter on, same seed), and the README's example runs."""
+``infer.py rollout``'s numbers (jitter on, same seed), and the rollout guide's example runs."""
 
 from __future__ import annotations
 
@@ -119,23 +119,27 @@ def test_bad_inputs_are_one_line(ckpt: Path, tmp_path: Path) -> None:
         walrus.load(tmp_path / "missing.ckpt")
 
 
-def _readme_example() -> str:
-    """The code block of the README section "From Python: dataset → batch → rollout → metrics"."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("### From Python: dataset → batch → rollout → metrics", 1)[1]
+GUIDE = REPO / "docs" / "guide" / "inference.md"
+
+
+def _guide_example() -> str:
+    """The code block of the rollout guide's section "From Python: dataset → batch → rollout →
+    metrics"."""
+    text = GUIDE.read_text()
+    section = text.split("## From Python: dataset → batch → rollout → metrics", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_example_runs_and_matches_the_command(
+def test_guide_example_runs_and_matches_the_command(
     ckpt: Path, tiny_data_root: Path, tmp_path: Path, capsys
 ) -> None:
-    code = _readme_example()
+    code = _guide_example()
     values = {"ckpt": str(ckpt), "data_dir": str(tiny_data_root), "out": str(tmp_path), "steps": 3}
     for name, value in values.items():
         code, n = re.subn(rf"^{name} = .*$", f"{name} = {value!r}", code, flags=re.M)
-        assert n == 1, f"the README example no longer sets {name}"
+        assert n == 1, f"the guide's example no longer sets {name}"
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, str(GUIDE), "exec"), scope)
     assert scope["vrmse"].keys() == scope["same"].keys()
     for field, values in scope["vrmse"].items():
         assert len(values) == 3 and values == pytest.approx(scope["same"][field], rel=1e-5)

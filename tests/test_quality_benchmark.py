@@ -1,4 +1,4 @@
-"""The training benchmarks: harness, FNO baseline, quality CLI, model sweep, README tables, and
+"""The training benchmarks: harness, FNO baseline, quality CLI, model sweep, docs tables, and
 the external data (benchmarks/external_data.py)."""
 
 from __future__ import annotations
@@ -360,7 +360,7 @@ def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsy
     table = capsys.readouterr().out
     assert "ours+jitter" in table and "ours/persistence" in table and "±" in table
     assert ("ours/fno" in table) == fno
-    # the README renderer reads this file
+    # the docs renderer reads this file
     md = qt.markdown([tmp_path / "quality.json"])
     assert "**ours / persistence**" in md and " ± " in md
 
@@ -463,7 +463,7 @@ def test_sweep_writes_after_every_run_and_resumes(ext_dir, tmp_path, monkeypatch
     assert "had overrides" in capsys.readouterr().err
 
 
-def test_readme_tables_are_replaced_between_markers(tmp_path):
+def test_docs_tables_are_replaced_between_markers(tmp_path):
     def stats(v):
         return {"mean": v, "std": v / 10, "min": v, "max": v, "n": 2}
 
@@ -510,13 +510,14 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
     (tmp_path / "sweep.json").write_text(
         json.dumps({"budget": {"label": "90 cpu-s"}, "split": "valid", "runs": runs})
     )
-    readme = tmp_path / "README.md"
-    readme.write_text(
-        "intro\n<!-- quality-table:start -->\nold numbers\n<!-- quality-table:end -->\nmiddle\n"
-        "<!-- sweep-table:start -->\n<!-- sweep-table:end -->\nend\n"
+    results = tmp_path / "results.md"
+    results.write_text(
+        "intro\n<!-- quality-table:start -->\nold numbers\n<!-- quality-table:end -->\nend\n"
     )
-    qt.write_readme([tmp_path / "quality.json"], tmp_path / "sweep.json", readme)
-    text = readme.read_text()
+    studies = tmp_path / "studies.md"
+    studies.write_text("middle\n<!-- sweep-table:start -->\n<!-- sweep-table:end -->\nend\n")
+    qt.write_pages([tmp_path / "quality.json"], tmp_path / "sweep.json", results, studies)
+    text = results.read_text()
     assert "old numbers" not in text and text.startswith("intro\n") and text.endswith("end\n")
     lines = text.splitlines()
     ours = next(ln for ln in lines if "| ours (std) |" in ln)  # the candidate chosen on valid
@@ -526,6 +527,8 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
     assert "| **ours / persistence** |  | 0.2 | 0.2 | 0.2 | – |" in text
     assert "| **ours+jitter / fno** |  | 0.25 | 0.25 | 0.25 | – |" in text
     assert "| **ours+jitter / persistence** |  | 0.1 | 0.1 | 0.1 | – |" in text
+    text = studies.read_text()
+    lines = text.splitlines()
     sweep_rows = [ln for ln in lines if ln.startswith("| a |") or ln.startswith("| b |")]
     assert [r[:5] for r in sweep_rows] == ["| a |", "| b |"]  # ranked by validation score
     assert text.index("middle") < text.index("| a |") < text.rindex("\nend\n")
@@ -534,16 +537,19 @@ def test_readme_tables_are_replaced_between_markers(tmp_path):
     other = json.loads((tmp_path / "sweep.json").read_text())
     other["runs"] = [{**r, "dataset": "ns"} for r in other["runs"]]
     (tmp_path / "sweep_ns.json").write_text(json.dumps(other))
-    qt.write_readme(
-        [tmp_path / "quality.json"], [tmp_path / "sweep_ns.json", tmp_path / "sweep.json"], readme
+    qt.write_pages(
+        [tmp_path / "quality.json"],
+        [tmp_path / "sweep_ns.json", tmp_path / "sweep.json"],
+        results,
+        studies,
     )
-    text = readme.read_text()
+    text = studies.read_text()
     assert text.index("ns: budget 90 cpu-s") < text.index("gs: budget 90 cpu-s")
     assert text.count("| a |") == 2
 
-    readme.write_text("no markers\n")
-    with pytest.raises(ValueError, match="README.md: needs exactly one <!-- quality-table:start"):
-        qt.write_readme([tmp_path / "quality.json"], None, readme)
+    results.write_text("no markers\n")
+    with pytest.raises(ValueError, match="results.md: needs exactly one <!-- quality-table:start"):
+        qt.write_pages([tmp_path / "quality.json"], None, results, studies)
 
 
 def test_table_names_the_cpu_each_file_was_measured_on(tmp_path):
@@ -564,7 +570,7 @@ def test_table_names_the_cpu_each_file_was_measured_on(tmp_path):
     )
 
 
-def test_readme_rows_of_an_old_single_seed_file():
+def test_table_rows_of_an_old_single_seed_file():
     def model(one, roll, steps=None):
         out = {"one_step": {"mean": one}, "rollout": {"mean": dict(zip(["1", "2-10"], roll))}}
         if steps:
@@ -589,14 +595,6 @@ def test_readme_rows_of_an_old_single_seed_file():
     assert [r[2] for r in got] == ["ours", "fno", "persistence", "**ours / fno**"]
     assert got[0][3] == "10 / 12" and got[0][4:] == ["0.2", "0.1", "0.5", "–", "–", "–"]
     assert got[-1][4:] == ["0.5", "0.5", "2", "–", "–", "–"]
-
-
-def test_readme_quality_table_is_the_one_rendered_from_the_json():
-    text = qt.README.read_text()
-    start = text.index("<!-- quality-table:start -->") + len("<!-- quality-table:start -->")
-    body = text[start : text.index("<!-- quality-table:end -->")].strip()
-    files = sorted(qt.RESULTS_DIR.glob("quality*.json"))
-    assert body == qt.markdown(files)
 
 
 def test_external_writer_files_load_with_our_reader_and_stats(ext_dir):
@@ -637,7 +635,7 @@ def test_bad_override_is_a_one_line_error_naming_it(tmp_path):
 
 
 def test_fixed_delta_unit_keeps_the_first_windows_unit():
-    from benchmarks.delta_cap import FixedDeltaUnit
+    from benchmarks.studies.delta_cap import FixedDeltaUnit
 
     torch.manual_seed(0)
     a, b = torch.randn(1, 4, 2, 8, 8), 3.0 * torch.randn(1, 4, 2, 8, 8)
@@ -649,7 +647,7 @@ def test_fixed_delta_unit_keeps_the_first_windows_unit():
 
 
 def test_fixed_unit_forecaster_restarts_with_each_rollout(gs_root):
-    from benchmarks.delta_cap import FixedDeltaUnit, FixedUnitForecaster
+    from benchmarks.studies.delta_cap import FixedDeltaUnit, FixedUnitForecaster
 
     ds = WellDataset(gs_root, "gray_scott_2d", "train", 4, 0)
     a, b = ds.trajectory(0), ds.trajectory(1)

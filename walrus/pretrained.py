@@ -75,7 +75,9 @@ def open_dataset(
             default: the checkpoint's training data root.
         dataset: the dataset's name; default: the first of the checkpoint's training datasets.
         split: ``train``, ``valid`` or ``test``.
-        n_steps_input, time_stride: default: the checkpoint's training values (4 and 1 if it
+        n_steps_input: context frames; default: the checkpoint's training value (4 if it
+            stores none).
+        time_stride: frames between steps; default: the checkpoint's training value (1 if it
             stores none).
 
     Raises:

@@ -228,8 +228,10 @@ def ensemble_rollout(
     reproducible. Member 0 is exactly ``rollout(..., jitter_seed=jitter_seed)``.
 
     Args:
-        model, batch, steps: as for :func:`rollout` (a model or a loaded checkpoint); the model
-            must jitter when given a seed.
+        model: as for :func:`rollout` (a model or a loaded checkpoint); it must jitter when
+            given a seed.
+        batch: as for :func:`rollout`.
+        steps: as for :func:`rollout`.
         members: ensemble size (>= 1).
         jitter_seed: base seed (required: without jitter the members would be identical).
         **kwargs: passed to :func:`rollout` (normalizer, predict_delta, autocast_dtype, ...).

@@ -1,7 +1,7 @@
 """One-off probe: fine-tune the pretrained checkpoints of a ``benchmarks.transfer`` run with
 other recipes, with the benchmark's own ``fit`` and ``evaluate``, and compare with its rows.
 
-    python -m benchmarks.sweeps.finetune_probe --transfer-json benchmarks/results/transfer.json \\
+    python -m benchmarks.studies.finetune_probe --transfer-json benchmarks/results/transfer.json \\
         --work-dir WORK --dataset data/gray_scott_pypde \\
         --candidates "lr3e-3=optimizer.lr=3e-3;slow_blocks=optimizer.lr=3e-3 module.lr_scales={blocks:0.1}" \\
         --out benchmarks/results/X.json
@@ -46,7 +46,7 @@ def save_probe(args: argparse.Namespace, rows: list[dict]) -> None:
 
 
 def main() -> None:
-    p = probe_parser("python -m benchmarks.sweeps.finetune_probe")
+    p = probe_parser("python -m benchmarks.studies.finetune_probe")
     p.add_argument("--candidates", type=parse_candidates, default={})
     p.add_argument("--lrs", type=float, nargs="*", default=[])
     p.add_argument("--scratch-candidates", type=parse_candidates, default={})

@@ -1,7 +1,7 @@
 """One-off probe: score a ``benchmarks.transfer`` run's pretrained checkpoints on the held-out
 test split with no fine-tuning, beside that run's fine-tuned and scratch rows.
 
-    python -m benchmarks.sweeps.zero_shot_probe --transfer-json benchmarks/results/transfer.json \\
+    python -m benchmarks.studies.zero_shot_probe --transfer-json benchmarks/results/transfer.json \\
         --work-dir WORK --dataset data/gray_scott_pypde --out benchmarks/results/X.json
 
 ``WORK`` is the transfer run's ``--work-dir`` (its ``<held>/seed_<N>/pretrain`` checkpoints).
@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 
 from benchmarks import transfer
-from benchmarks.sweeps.finetune_probe import probe_parser, save_probe
+from benchmarks.studies.finetune_probe import probe_parser, save_probe
 
 
 def main() -> None:
-    args = probe_parser("python -m benchmarks.sweeps.zero_shot_probe").parse_args()
+    args = probe_parser("python -m benchmarks.studies.zero_shot_probe").parse_args()
     done = json.loads(args.transfer_json.read_text())
     held = transfer.external_set(args.dataset)
     rows = []

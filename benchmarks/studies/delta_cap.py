@@ -1,6 +1,6 @@
 """How the delta unit of a rollout decides its stability: one checkpoint, several rollout modes.
 
-``python -m benchmarks.delta_cap CKPT [--root DATA] [--dataset NAME] [--name delta_cap]``
+``python -m benchmarks.studies.delta_cap CKPT [--root DATA] [--dataset NAME] [--name delta_cap]``
 
 Rolls every test trajectory of the checkpoint's dataset out to its end, in these modes:
 

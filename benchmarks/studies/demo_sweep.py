@@ -10,12 +10,12 @@ means over fields of rollout VRMSE, amplitude ratio (with its smallest and large
 correlation and high-wavenumber power ratio, and the wall time; the printed table averages them
 over seeds::
 
-    python -m benchmarks.demo_sweep --data-dir data --seeds 0,1 \\
+    python -m benchmarks.studies.demo_sweep --data-dir data --seeds 0,1 \\
         --candidate base= --candidate overlap=+model.decoder_overlap=true --jitter-average 1,4
 
 ``benchmarks/results/<--name>.json`` is rewritten after every rollout; ``--resume`` skips what it
 holds (a run folder that already holds ``last.ckpt`` is rolled out, not retrained).
-``--write-readme`` only renders the JSON's table into README.md between
+``--write`` only renders the JSON's table onto ``docs/studies.md`` between
 ``<!-- demo-sweep:start -->`` and ``<!-- demo-sweep:end -->``. Runs go one after another; ``--threads`` sets each process's torch threads (run two
 sweeps side by side with ``--threads 1`` on a 2-core machine).
 """
@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, print_table
+from benchmarks.pages import STUDIES_PAGE, write_between
 from benchmarks.quality import parse_candidates
-from benchmarks.quality_table import replace_between
 from benchmarks.record import finish_record, run_record, save_result
-from walrus.atomic import atomic_path
 
 FORMAT = "demo_sweep/1"
 DATASET = "navier_stokes_2d"
@@ -46,7 +45,7 @@ MEASURES = {
     "corr": "change_correlation",
     "hik": "power_ratio_high",
 }
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def summarise(metrics_json: Path) -> dict[str, Any]:
@@ -92,17 +91,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
     parser.add_argument("--name", default="demo_sweep", help="results file stem")
     parser.add_argument("--resume", action="store_true", help="skip runs already in the JSON")
-    parser.add_argument("--write-readme", action="store_true", help="only render the README table")
+    parser.add_argument("--write", action="store_true", help="only render the docs table")
     parser.add_argument("--results-dir", default=str(RESULTS_DIR), help="where the JSON goes")
     args = parser.parse_args(argv)
     path = Path(args.results_dir) / f"{args.name}.json"
-    if args.write_readme:
-        readme = REPO / "README.md"
+    if args.write:
         body = markdown(json.loads(path.read_text()))
-        text = replace_between(readme.read_text(), "demo-sweep", body, readme.name)
-        with atomic_path(readme) as tmp:
-            tmp.write_text(text)
-        print(f"wrote {readme}")
+        print(f"wrote {write_between(STUDIES_PAGE, 'demo-sweep', body)}")
         return
     if args.data_dir is None:
         parser.error("--data-dir is required to run candidates")
@@ -177,8 +172,8 @@ def table(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-# README columns: (header, key)
-README_COLUMNS = [
+# Table columns: (header, key)
+TABLE_COLUMNS = [
     ("VRMSE 1", "vrmse 1"), ("2-10", "vrmse 2-10"), ("11-30", "vrmse 11-30"),
     ("31-60", "vrmse 31-60"), ("61-76", "vrmse 61-76"), ("change corr 11-30", "corr 11-30"),
     ("amplitude min", "amp min"), ("amplitude max", "amp max"), ("high-k power 1", "hik 1"),
@@ -187,18 +182,18 @@ README_COLUMNS = [
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The README table: one row per (candidate, K), means over seeds."""
+    """The docs table: one row per (candidate, K), means over seeds."""
     lines = [
         "| candidate | overrides | jitter_average | seeds | "
-        + " | ".join(h for h, _ in README_COLUMNS)
+        + " | ".join(h for h, _ in TABLE_COLUMNS)
         + " |",
-        "|" + "---|" * (4 + len(README_COLUMNS)),
+        "|" + "---|" * (4 + len(TABLE_COLUMNS)),
     ]
     for row in table(result):
         overrides = " ".join(result.get("candidates", {}).get(row["candidate"], [])) or "-"
         cells = [row["candidate"], f"`{overrides}`" if overrides != "-" else "-", str(row["K"]),
                  str(row["seeds"])]  # fmt: skip
-        for _, key in README_COLUMNS:
+        for _, key in TABLE_COLUMNS:
             v = row.get(key)
             cells.append("n/a" if v is None else f"{v:.3g}")
         lines.append("| " + " | ".join(cells) + " |")

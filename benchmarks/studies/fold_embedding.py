@@ -6,8 +6,8 @@ first patch GEMM (``Walrus.embedding_folded``). This script times the bare train
 and with it switched off (embedding applied to every point first, as while input dropout is
 active), interleaved round by round in one process, and reports the median ratio::
 
-    python -m benchmarks.fold_embedding            # 5 rounds
-    python -m benchmarks.fold_embedding --rounds 1 --iters 3
+    python -m benchmarks.studies.fold_embedding            # 5 rounds
+    python -m benchmarks.studies.fold_embedding --rounds 1 --iters 3
 
 Writes ``benchmarks/results/fold_embedding.json`` with the machine's load average.
 """
@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from benchmarks.common import environment, print_table, save_json
 from walrus.checkpoint import build_model
 
-MODEL = Path(__file__).resolve().parent.parent / "configs" / "model" / "small.yaml"
+MODEL = Path(__file__).resolve().parents[2] / "configs" / "model" / "small.yaml"
 # experiment=quickstart: batch 8, 4 input frames, navier_stokes_2d (3 fields, periodic 64^2)
 B, T, C, H, W = 8, 4, 3, 64, 64
 
