@@ -9,6 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
+import walrus  # noqa: F401  (before any torch import, so its OpenMP wait policy applies)
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
 

@@ -8,9 +8,18 @@ The Python loader (``load``, ``from_pretrained``, ``open_dataset``, ``trajectory
 ``import walrus`` stays light.
 """
 
+import os
+import sys
 from typing import Any
 
-from walrus.rollout import ensemble_rollout, predict_next, rollout
+# Idle OpenMP threads sleep instead of spinning. libgomp's default spin (GOMP_SPINCOUNT 300000)
+# made training 4x slower beside any other busy process on 2 cores (docs/performance.md,
+# benchmarks/contention.py). It only takes effect before torch loads libgomp, so it is set here,
+# which train.py, infer.py and the module CLIs import first; a policy the user set wins.
+if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & os.environ.keys():
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+from walrus.rollout import ensemble_rollout, predict_next, rollout  # noqa: E402
 
 _LOADER = (
     "InferenceCheckpoint",

@@ -1,0 +1,171 @@
+"""Quickstart training throughput alone and beside a competitor, per OpenMP wait policy.
+
+Trains ``experiment=quickstart`` for ``--steps`` steps (``python train.py`` in a subprocess, as a
+user runs it) on the built-in Navier–Stokes data, and times the whole command:
+
+* ``alone``: nothing else runs;
+* ``torch_loop``: beside a loop of short torch processes, each importing torch and then running
+  300 matmuls of 512² on 2 threads (a neighbour running quick scripts);
+* ``training``: beside a second, identical training run started in a loop.
+
+Each condition runs under two OpenMP wait policies, interleaved round by round:
+
+* ``spin``: ``GOMP_SPINCOUNT=300000``, libgomp's own default when no policy is set: an idle
+  OpenMP thread spins for ~300k iterations before it sleeps (what every run did before the
+  entry points chose a policy);
+* ``passive``: no variable set, so the entry points' default (``OMP_WAIT_POLICY=PASSIVE``) applies.
+
+The figure is each condition's wall time over ``alone`` in the same policy and round; the target
+is at most 2.5x. Competitors run with the user's environment as it was (plain torch spins).
+The machine's load average before and after each run is stored with the figures.
+
+Run from the repository root (about 15 minutes on 2 quiet cores with the defaults)::
+
+    python -m benchmarks.contention                # 150 steps, 1 round
+    python -m benchmarks.contention --steps 40     # a quicker look
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import print_table
+from benchmarks.record import finish_record, run_record, save_result
+
+REPO = Path(__file__).resolve().parents[1]
+POLICIES = {"spin": {"GOMP_SPINCOUNT": "300000"}, "passive": {}}
+CONDITIONS = ("alone", "torch_loop", "training")
+TORCH_LOOP = (
+    "import torch\n"
+    "torch.set_num_threads(2)\n"
+    "a = torch.randn(512, 512)\n"
+    "for _ in range(300):\n"
+    "    a @ a\n"
+)
+OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
+
+
+def _env(policy: dict[str, str]) -> dict[str, str]:
+    """The environment without any OpenMP variable, plus ``policy``."""
+    env = {k: v for k, v in os.environ.items() if k not in OPENMP_VARIABLES}
+    return {**env, **policy}
+
+
+def _train_command(data: Path, run_dir: Path, steps: int) -> list[str]:
+    return [
+        sys.executable,
+        "train.py",
+        "experiment=quickstart",
+        f"paths.data_dir={data}",
+        f"hydra.run.dir={run_dir}",
+        f"trainer.max_steps={steps}",
+        "trainer.num_sanity_val_steps=0",
+        "trainer.limit_val_batches=0",
+        "trainer.enable_progress_bar=false",
+    ]
+
+
+def _competitor(kind: str, data: Path, scratch: Path, steps: int) -> subprocess.Popen | None:
+    """Start ``kind``'s endless loop in its own process group (``None`` for ``alone``)."""
+    if kind == "alone":
+        return None
+    if kind == "torch_loop":
+        one = f"{sys.executable} -c {TORCH_LOOP!r}"
+    else:
+        cmd = " ".join(_train_command(data, scratch / "competitor", steps))
+        one = f"rm -rf {scratch / 'competitor'}; {cmd}"
+    return subprocess.Popen(
+        ["bash", "-c", f"while true; do {one} >/dev/null 2>&1; done"],
+        cwd=REPO,
+        env=_env({}),
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    os.killpg(proc.pid, 15)
+    proc.wait()
+
+
+def time_run(policy: str, kind: str, data: Path, scratch: Path, steps: int) -> dict[str, Any]:
+    """Wall seconds of one training command under ``policy`` beside ``kind``."""
+    run_dir = scratch / f"run-{policy}-{kind}"
+    competitor = _competitor(kind, data, scratch, steps)
+    try:
+        load_before = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        done = subprocess.run(
+            _train_command(data, run_dir, steps),
+            cwd=REPO,
+            env=_env(POLICIES[policy]),
+            capture_output=True,
+            text=True,
+        )
+        wall = time.perf_counter() - t0
+    finally:
+        _stop(competitor)
+    if done.returncode != 0:
+        raise SystemExit(f"training ({policy}, {kind}) failed:\n{done.stderr[-2000:]}")
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    return {
+        "policy": policy,
+        "condition": kind,
+        "wall_s": wall,
+        "load1_before": load_before,
+        "load1_after": os.getloadavg()[0],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=150, help="training steps per run")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds")
+    parser.add_argument("--name", default="contention", help="result name under benchmarks/results")
+    args = parser.parse_args(argv)
+    record = run_record(sys.argv if argv is None else argv)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="walrus-contention-") as tmp:
+        scratch = Path(tmp)
+        data = scratch / "data"
+        subprocess.run(
+            [sys.executable, "-m", "walrus.data.synthetic", "navier_stokes_2d", "--out", str(data)],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
+        for _ in range(args.rounds):
+            for kind in CONDITIONS:
+                for policy in POLICIES:
+                    runs.append(time_run(policy, kind, data, scratch, args.steps))
+                    print(runs[-1], flush=True)
+    rows = []
+    for policy in POLICIES:
+        alone = statistics.median(
+            r["wall_s"] for r in runs if r["policy"] == policy and r["condition"] == "alone"
+        )
+        for kind in CONDITIONS:
+            walls = [r["wall_s"] for r in runs if r["policy"] == policy and r["condition"] == kind]
+            wall = statistics.median(walls)
+            rows.append(
+                {"policy": policy, "condition": kind, "wall_s": wall, "x_alone": wall / alone}
+            )
+    print_table(rows)
+    result = {"steps": args.steps, "rounds": args.rounds, "runs": runs, "summary": rows}
+    result["record"] = finish_record(record)
+    path = save_result(args.name, result)
+    print(f"saved {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
