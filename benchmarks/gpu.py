@@ -22,6 +22,8 @@ import argparse
 import functools
 import itertools
 import time
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -87,6 +89,26 @@ def build(
     return model
 
 
+def measure(
+    fn: Callable[[], None], b: int, gemm: float, device: torch.device, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Warm ``fn`` up (compiles), count its FLOPs once, then time it: one row's figures."""
+    fn()  # compile / warm caches before counting and timing
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    flops = counter.get_total_flops()
+    peak_memory_reset(device)
+    ms = timeit(fn, args.warmup, args.iters, device)
+    return {
+        "ms": ms,
+        "ms/sample": ms / b,
+        "TFLOP/sample": flops / b / 1e12,
+        "TFLOP/s": flops / ms / 1e9,
+        "MFU_vs_gemm": estimate_mfu(flops, ms / 1e3, gemm * 1e9),
+        "peak_GB": peak_memory_gb(device),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure every (kernel, mode, batch); returns the JSON payload."""
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
@@ -115,23 +137,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 fn = functools.partial(train_once, model, opt, x, fields, bcs, dtype)
             else:
                 fn = functools.partial(forward_once, model, x, fields, bcs, dtype)
-            fn()  # compile / warm caches before counting and timing
-            with FlopCounterMode(display=False) as counter:
-                fn()
-            flops = counter.get_total_flops()
-            peak_memory_reset(device)
-            ms = timeit(fn, args.warmup, args.iters, device)
-            rows.append(
-                {
-                    **row,
-                    "ms": ms,
-                    "ms/sample": ms / b,
-                    "TFLOP/sample": flops / b / 1e12,
-                    "TFLOP/s": flops / ms / 1e9,
-                    "MFU_vs_gemm": estimate_mfu(flops, ms / 1e3, gemm * 1e9),
-                    "peak_GB": peak_memory_gb(device),
-                }
-            )
+            try:
+                rows.append({**row, **measure(fn, b, gemm, device, args)})
+            except Exception as err:  # out of memory, compile failure: recorded, the rest runs
+                traceback.print_exc()
+                rows.append({**row, "error": f"{type(err).__name__}: {str(err)[:200]}".strip()})
             print_table(rows[-1:])
         del model, opt
         if device.type == "cuda":
@@ -160,6 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--depth", type=int, default=None, help="fewer blocks (memory)")
     parser.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     parser.add_argument("--eager-only", action="store_true")
+    parser.add_argument("--batches", nargs="+", type=int, default=None, help="batch sizes")
     args = parser.parse_args(argv)
     bad = sorted(set(args.tasks) - {"forward", "train"})
     if bad:
@@ -167,7 +178,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.modes = [False] if args.eager_only else [False, True]
     args.preset, args.frames, args.channels = ("tiny" if args.tiny else "walrus_1b"), 6, 4
     args.grid = [32, 32] if args.tiny else [128, 128]
-    args.batches = [1, 2] if args.tiny else [1, 2, 4, 8]
+    if args.batches is None:
+        args.batches = [1, 2] if args.tiny else [1, 2, 4, 8]
+    elif min(args.batches) < 1:
+        parser.error(f"--batches takes positive sizes, got {args.batches}")
     args.warmup, args.iters = (1, 2) if args.tiny else (2, 5)
     args.gemm_n = 512 if args.tiny else 8192
     payload = run(args)

@@ -127,3 +127,21 @@ def test_presets(name):
         x = torch.randn(1, 2, 2, 32, 32)
         y = Walrus(**cfg)(x, torch.tensor([0, 1]), [[P, P], [P, P]])
         assert y.shape == x.shape
+
+
+def test_layer_norm_in_dtype_casts_the_affine_to_the_input_dtype():
+    from walrus.nn.norms import layer_norm_in_dtype
+
+    norm = torch.nn.LayerNorm(8)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(4, 8).bfloat16()
+    out = layer_norm_in_dtype(x, norm)  # CUDA refuses bf16 x with float32 weights
+    assert out.dtype == torch.bfloat16
+    ref = torch.nn.functional.layer_norm(
+        x, (8,), norm.weight.bfloat16(), norm.bias.bfloat16(), norm.eps
+    )
+    assert torch.equal(out, ref)
+    x32 = x.float()
+    assert torch.equal(layer_norm_in_dtype(x32, norm), norm(x32))

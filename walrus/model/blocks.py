@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from walrus.nn.attention import attention
 from walrus.nn.layer_scale import scaled_residual
-from walrus.nn.norms import RMSGroupNorm
+from walrus.nn.norms import RMSGroupNorm, layer_norm_in_dtype
 from walrus.nn.relpos import RelativePositionBias
 from walrus.nn.rope import apply_rope
 from walrus.nn.swiglu import SwiGLU
@@ -88,8 +88,12 @@ class TemporalAttention(nn.Module):
         qkv = self.input_head(h).view(b, t, s, 3, self.heads, self.head_dim)  # (b,t,s,3,nh,e)
         # every spatial token (and head) is one sequence over the frames
         with torch.autocast(x.device.type, enabled=False):  # q/k norms in the dtype of v
-            q = rearrange(self.qnorm(qkv[:, :, :, 0]), "b t s nh e -> b (s nh) t e")
-            k = rearrange(self.knorm(qkv[:, :, :, 1]), "b t s nh e -> b (s nh) t e")
+            q = rearrange(
+                layer_norm_in_dtype(qkv[:, :, :, 0], self.qnorm), "b t s nh e -> b (s nh) t e"
+            )
+            k = rearrange(
+                layer_norm_in_dtype(qkv[:, :, :, 1], self.knorm), "b t s nh e -> b (s nh) t e"
+            )
         v = rearrange(qkv[:, :, :, 2], "b t s nh e -> b (s nh) t e")
         bias = self.rel_pos_bias(t, x.device).to(qkv.dtype)  # (nh, t, t)
         bias = repeat(bias, "nh tq tk -> (s nh) tq tk", s=s)
@@ -153,8 +157,12 @@ class SpatialAttention(nn.Module):
         cos, sin = (r.to(qkv.dtype) for r in rope)
         # every frame (and head) is one sequence over the spatial tokens
         with torch.autocast(x.device.type, enabled=False):  # q/k norms + RoPE in the dtype of v
-            q = apply_rope(self.q_norm(qkv[:, :, :, 0]), cos, sin)  # (b, t, s, nh, e)
-            k = apply_rope(self.k_norm(qkv[:, :, :, 1]), cos, sin)  # (b, t, s, nh, e)
+            q = apply_rope(
+                layer_norm_in_dtype(qkv[:, :, :, 0], self.q_norm), cos, sin
+            )  # (b, t, s, nh, e)
+            k = apply_rope(
+                layer_norm_in_dtype(qkv[:, :, :, 1], self.k_norm), cos, sin
+            )  # (b, t, s, nh, e)
         q = rearrange(q, "b t s nh e -> (b t) nh s e")
         k = rearrange(k, "b t s nh e -> (b t) nh s e")
         v = rearrange(qkv[:, :, :, 2], "b t s nh e -> (b t) nh s e")

@@ -84,6 +84,17 @@ def _fused_block(blk: ProcessorBlock, x: Tensor, cos: Tensor, sin: Tensor) -> Te
     return spatial_fused(sm, x, (cos, sin), reuse_input=True)
 
 
+def _layer_norm(x: Tensor, norm: nn.LayerNorm) -> Tensor:
+    """``norm(x)`` over the last dim with its affine in ``x``'s dtype (outside autocast, CUDA's
+    kernel refuses a bf16 input with float32 weights; the CPU one would accept it)."""
+    if norm.weight is None:
+        return F.layer_norm(x, norm.normalized_shape, eps=norm.eps)
+    params = _present(norm.weight, norm.bias)
+    key = ("affine", x.dtype, x.device)
+    w, *b = _derived(norm).get(key, params, lambda: tuple(p.to(x.dtype) for p in params))
+    return F.layer_norm(x, norm.normalized_shape, w, b[0] if b else None, norm.eps)
+
+
 def compute_dtype(x: Tensor) -> torch.dtype:
     """The dtype projections run in: the autocast dtype when autocast is on, else ``x.dtype``."""
     dev = x.device.type
@@ -394,8 +405,8 @@ def temporal_fused(m: TemporalAttention, x: Tensor) -> Tensor:
         # kernels want each sequence contiguous, which LayerNorm writes from a permuted view
         seq = m.kernel != "sdpa"
         q, k = (x_.permute(0, 2, 3, 1, 4) if seq else x_ for x_ in (q, k))
-        q = F.layer_norm(q, (e,), m.qnorm.weight, m.qnorm.bias, m.qnorm.eps)
-        k = F.layer_norm(k, (e,), m.knorm.weight, m.knorm.bias, m.knorm.eps)
+        q = _layer_norm(q, m.qnorm)
+        k = _layer_norm(k, m.knorm)
         if seq:  # (B, S, nh, T, E) contiguous
             q, k = q.view(b, s * nh, t, e), k.view(b, s * nh, t, e)  # (B, S*nh, T, E)
             v = v.permute(0, 2, 3, 1, 4).reshape(b, s * nh, t, e)  # one copy
@@ -453,8 +464,8 @@ def temporal_inference(m: TemporalAttention, ws: InferenceWorkspace) -> None:
         torch.addmm(b_k, h, w_k, out=ws.tk)
         torch.addmm(b_v, h, w_v, out=ws.tv)
         qn, kn = m.qnorm, m.knorm
-        q = F.layer_norm(ws.tq_rows, (e,), qn.weight, qn.bias, qn.eps).as_strided(*ws.t4)
-        k = F.layer_norm(ws.tk_rows, (e,), kn.weight, kn.bias, kn.eps).as_strided(*ws.t4)
+        q = _layer_norm(ws.tq_rows, qn).as_strided(*ws.t4)
+        k = _layer_norm(ws.tk_rows, kn).as_strided(*ws.t4)
         if m.kernel == "sdpa":  # (B, S*nh, T, E)
             o = F.scaled_dot_product_attention(q, k, ws.tv4, attn_mask=mask, scale=e**-0.5)
         else:
@@ -603,8 +614,8 @@ def spatial_inference(m: SpatialAttention, ws: InferenceWorkspace, rope: Rope) -
         torch.addmm(b_fv, h, w_fv, out=ws.f)  # (S*B*T, M + C)
         torch.addmm(b_q, h, w_q, out=ws.sq_mat)  # (S*B*T, C)
         torch.addmm(b_k, h, w_k, out=ws.sk_mat)
-        torch.bmm(F.layer_norm(ws.sq, (e,), qn.weight, qn.bias, qn.eps), rot, out=ws.rot_q)
-        torch.bmm(F.layer_norm(ws.sk, (e,), kn.weight, kn.bias, kn.eps), rot, out=ws.rot_k)
+        torch.bmm(_layer_norm(ws.sq, qn), rot, out=ws.rot_q)
+        torch.bmm(_layer_norm(ws.sk, kn), rot, out=ws.rot_k)
         if m.kernel == "sdpa":  # (B*T, nh, S, E), sequence-major in memory
             o = F.scaled_dot_product_attention(ws.sq4, ws.sk4, ws.sv4, scale=e**-0.5)
         else:

@@ -382,7 +382,8 @@ class Walrus(nn.Module):
                 f"fields must be a 1-D integer tensor with one vocabulary id per channel ({x.shape[2]}), "
                 f"got {fields.dtype} of shape {tuple(fields.shape)}"
             )
-        if fields.device.type == "cpu" and fields.numel():
+        # value checks read the ids on the host: eager only (a graph break under torch.compile)
+        if fields.device.type == "cpu" and fields.numel() and not torch.compiler.is_compiling():
             lo, hi = int(fields.min()), int(fields.max())
             if lo < 0 or hi >= self.n_fields:
                 raise ValueError(
@@ -396,7 +397,7 @@ class Walrus(nn.Module):
                     f"(flag_fields={list(self.flag_fields)}); a field vocabulary for this model "
                     "must keep them for those channels (e.g. the released Walrus vocabulary)"
                 )
-        bc_list = bcs.tolist() if isinstance(bcs, Tensor) else [list(b) for b in bcs]
+        bc_list = bcs.tolist() if isinstance(bcs, Tensor) else list(map(list, bcs))
         if len(bc_list) != n_sp or any(len(b) != 2 for b in bc_list):
             raise ValueError(f"bcs must be ({n_sp}, 2) (lo, hi per spatial axis), got {bc_list!r}")
         codes = {int(t) for t in BoundaryType}
@@ -472,7 +473,7 @@ class Walrus(nn.Module):
         """
         n_sp = len(spatial)
         sizes = [int(v) for v in spatial] + [1] * (3 - n_sp)
-        bc_list = bcs.tolist() if isinstance(bcs, Tensor) else [list(b) for b in bcs]
+        bc_list = bcs.tolist() if isinstance(bcs, Tensor) else list(map(list, bcs))
         strides, plans = self._layout(sizes, n_sp, [(int(a), int(b)) for a, b in bc_list])
         lengths = [n for n in sizes if n > 1]
         padded = [n + p.lo + p.hi for n, p in zip(lengths, plans)]

@@ -12,6 +12,7 @@ the official profiles (:mod:`walrus.model.profile`) construct it so.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -89,3 +90,15 @@ def rms_group_normalize(
     if torch.is_grad_enabled():
         return torch.mul(xg, inv).to(dtype).view(-1, c)
     return torch.mul(xg, inv, out=xg.new_empty(xg.shape, dtype=dtype)).view(-1, c)  # cast fused
+
+
+def layer_norm_in_dtype(x: Tensor, norm: nn.LayerNorm) -> Tensor:
+    """``norm(x)`` with the affine cast to ``x``'s dtype.
+
+    For regions where autocast is off and ``x`` is in the compute dtype: CUDA's kernel refuses
+    a bf16 input with float32 weights (the CPU one accepts it).
+    """
+    w, b = norm.weight, norm.bias
+    if w is not None and w.dtype != x.dtype:
+        w, b = w.to(x.dtype), None if b is None else b.to(x.dtype)
+    return F.layer_norm(x, norm.normalized_shape, w, b, norm.eps)
