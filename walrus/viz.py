@@ -336,7 +336,8 @@ def plot_fidelity_fields(
     the model's window mean written in each cell.
 
     Ratios are coloured by log2 of the ratio (white is 1, red too much, blue too little,
-    saturating at 8x either way); the change correlation from -1 (purple) to 1 (green).
+    saturating at 8x either way); the change correlation from -1 (red) through 0 (yellow) to 1
+    (green).
     Undefined cells (negligible true power) are grey and read ``n/a``.
 
     Args:
@@ -372,7 +373,7 @@ def plot_fidelity_fields(
             dtype=float,
         )  # (fields, windows)
         if key == "change_correlation":
-            shown, cmap, lim = values, "PiYG", (-1.0, 1.0)
+            shown, cmap, lim = values, "RdYlGn", (-1.0, 1.0)
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
                 shown = np.log2(values)

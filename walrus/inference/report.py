@@ -249,11 +249,12 @@ def format_ensemble_table(metrics: Mapping[str, Any]) -> str:
     """The ensemble's scores per step window, mean over fields, and the field whose
     spread-skill ratio is furthest from 1."""
     ens = metrics[ENSEMBLE]
-    title = (
+    title = textwrap.fill(
         f"ensemble of {ens['members']} members (spread/skill: spread-skill ratio with the "
-        "finite-ensemble correction, 1 is calibrated, below 1 too sure;\nCRPS: fair CRPS over "
-        "the truth's spatial std, 0 is exact; rank max/flat: largest rank-histogram bin over "
-        "the flat level, 1 is flat)"
+        "finite-ensemble correction sqrt((K+1)/K), 1 is calibrated, below 1 too sure; CRPS: fair "
+        "CRPS over the truth's spatial std, 0 is exact; rank max/flat: largest rank-histogram "
+        "bin over the flat level, 1 is flat)",
+        NOTE_WIDTH,
     )
     keys = {"spread_skill": "spread/skill", "crps": "CRPS", "rank_max_over_flat": "rank max/flat"}
     head = ["steps", *keys.values(), "worst spread/skill"]
