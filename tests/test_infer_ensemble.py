@@ -107,3 +107,36 @@ def test_python_api_members(toy) -> None:
         torch.testing.assert_close(members.mean(dim=0), mean)
         torch.testing.assert_close(members.std(dim=0, correction=0), spread)
         torch.testing.assert_close(members[0], single)  # member 0 is the plain rollout
+
+
+def test_evaluate_scores_an_ensemble(toy, tmp_path: Path, capsys) -> None:
+    overrides = [*base_overrides(toy, tmp_path, "evaluate"), "jitter=true", "ensemble=2",
+                 "max_windows=2"]  # fmt: skip
+    metrics = run(compose_infer(overrides))["metrics"]["datasets"]["toy"]["metrics"]
+    ens = metrics[ENSEMBLE]
+    assert ens["members"] == 2 and list(ens["crps"]["windows"]["u"]) == ["1"]
+    assert sum(ens["rank_histogram"]["per_step"]["u"][0]) == pytest.approx(1.0)
+    assert "ensemble of 2 members" in capsys.readouterr().out
+
+
+def test_worst_field_is_the_one_furthest_from_one() -> None:
+    from walrus.inference.report import format_rollout_table, worst_field
+    from walrus.metrics import RolloutMetrics
+
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randn(2, 2, 8, 8, generator=g)
+    acc = RolloutMetrics(["u", "v"], 1)
+    acc.update(1, truth * 1.1, truth, truth * 0.9)
+    d = acc.to_dict()
+
+    def put(metric: str, field: str, value: float) -> None:
+        d["model"][metric]["windows"][field]["1"] = value
+
+    put("amplitude_ratio", "u", 1.2)  # ln 1.2 = 0.18
+    put("amplitude_ratio", "v", 0.9)
+    put("change_correlation", "u", 0.95)
+    put("change_correlation", "v", 0.5)  # 1 - 0.5 = 0.5: the worst
+    assert worst_field(d, ["amplitude_ratio", "change_correlation"], "1") == "v (change corr 0.5)"
+    put("amplitude_ratio", "u", 0.25)  # a factor 4 too small: ln 4 = 1.39 beats 0.5
+    assert worst_field(d, ["amplitude_ratio", "change_correlation"], "1") == "u (amplitude 0.25)"
+    assert "u (amplitude 0.25)" in format_rollout_table("toy", d)

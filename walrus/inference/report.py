@@ -272,7 +272,8 @@ def format_ensemble_table(metrics: Mapping[str, Any]) -> str:
 
 
 def format_evaluate_table(name: str, metrics: Mapping[str, Any], n_windows: int) -> str:
-    """One-step errors and fidelity per field and their mean, model against persistence."""
+    """One-step errors and fidelity per field and their mean, model against persistence and
+    (errors) the spatial-mean reference; an ensemble adds its scores."""
     blocks = [f"{name}: one-step errors over {n_windows} windows"]
     for t, (title, labels) in enumerate(TABLES):
         sources = _sources(metrics, t)
@@ -291,6 +292,8 @@ def format_evaluate_table(name: str, metrics: Mapping[str, Any], n_windows: int)
                     row.append(_fmt(values[0]) if values else "n/a")
             rows.append(row)
         blocks.append(_table(title, head, rows))
+    if ENSEMBLE in metrics:
+        blocks.append(format_ensemble_table(metrics))
     notes = [SPATIAL_MEAN_NOTE] if SPATIAL_MEAN in metrics else []
     wrapped = [textwrap.fill(n, NOTE_WIDTH, subsequent_indent="  ") for n in notes]
     return "\n".join(blocks + wrapped + table_notes(metrics))
