@@ -369,7 +369,7 @@ def ensemble_scores(
         ``"rank_counts"`` ``(..., C, K + 1)``: grid points with the truth at rank 0..K (ties
         spread evenly over the ranks they could take, so counts can be fractional).
     """
-    import scoringrules
+    import scoringrules  # on first use: importing it takes about half a second
 
     axes = _check_members(members, truth, n_spatial)
     k = members.shape[0]

@@ -178,7 +178,7 @@ def error_curves_figure(
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     constant = set(metrics.get("constant_fields", []))
     sources = [("model", "-"), ("persistence", "--")]
-    if metric != "spectral" and key_in(metrics, SPATIAL_MEAN, metric):
+    if metric != "spectral" and metric in metrics.get(SPATIAL_MEAN, {}):
         sources.append((SPATIAL_MEAN, ":"))
     for k, (ax, (name, key, field)) in enumerate(zip(axes, panels)):
         _mark_windows(ax, metrics.get("windows", {}), label=k < cols)
@@ -227,11 +227,6 @@ def error_curves_figure(
         _suptitle(fig, lines, width)
     _figure_legend(fig, axes[: len(panels)])
     return fig
-
-
-def key_in(metrics: Mapping[str, Any], source: str, key: str) -> bool:
-    """Whether ``metrics[source][key]`` exists."""
-    return key in metrics.get(source, {})
 
 
 def _spans_decades(values: np.ndarray) -> bool:
