@@ -337,7 +337,7 @@ def test_rollout_metrics_values_and_merge() -> None:
     assert d["windows"] == {"1": [1, 1], "2-10": [2, 10], "11-12": [11, 12]}
     v_steps = d["model"]["vrmse"]["per_step"]["v"]
     assert d["model"]["vrmse"]["windows"]["v"]["11-12"] == pytest.approx(sum(v_steps[10:]) / 2)
-    assert list(d["model"]) == list(ALL_METRICS) and whole.sum.shape == (3, 10, steps, 2)
+    assert list(d["model"]) == list(ALL_METRICS) and whole.sum.shape == (4, 10, steps, 2)
     assert d["spectral_bins"]["names"] == ["low", "mid", "high"]
     assert d["spectral_bins"]["grid"] == [8, 8]
     assert d["spectral_bins"]["edges"] == pytest.approx(spectral_bin_edges((8, 8)).tolist())

@@ -54,6 +54,27 @@ equal a single-process run. For an ensemble it also accumulates the members' spr
 units of each error metric (``SPREAD``), the width of the uncertainty band drawn around the
 model's curve. Fields whose truth is constant in space and time over the rollout are named in
 ``constant_fields`` and left out of every mean over fields.
+
+Spatial-mean reference (``SPATIAL_MEAN``): the error metrics of predicting each true frame's own
+spatial mean everywhere. Its VRMSE is sqrt((N - 1) / N), just under 1, on every frame; a model
+above it does worse than a flat field at the right level. Its NRMSE and spectral MSE vary.
+
+Ensemble scores (``members=K >= 2`` and ``update(..., members=...)``), per field and step, over
+the K members ``x_1..x_K`` at every grid point (``ensemble_scores`` for one batch):
+
+- ``spread_skill`` = sqrt((K + 1) / K) * sqrt(<var>) / sqrt(<(mean - truth)^2>), var the
+  unbiased (K - 1) variance over members and <.> the mean over grid points and samples (per
+  window: of the window's steps). The factor corrects for the finite ensemble: a K-member
+  ensemble drawn from the same distribution as the truth scores 1 in expectation; below 1 the
+  ensemble is too sure of itself, above 1 too unsure.
+- ``crps`` = the fair CRPS of the members at each grid point (``scoringrules.crps_ensemble``,
+  ``CRPS_ESTIMATOR``, whose expectation does not depend on K), averaged over the grid and divided
+  by the truth's spatial standard deviation sqrt(std(truth)^2 + eps), as VRMSE is, so fields
+  can be averaged. 0 is exact; a single deterministic forecast's CRPS is its mean absolute error.
+- ``rank_histogram`` = how often the truth falls at rank r = 0..K among the members (r members
+  below it), as fractions of the grid points; a tie spreads its point evenly over the ranks it
+  could take. Flat (each 1 / (K + 1)) is calibrated, U-shaped too sure, a hump too unsure;
+  ``rank_max_over_flat`` is the largest bin over the flat level.
 """
 
 from __future__ import annotations
@@ -91,6 +112,13 @@ SOURCES = ("model", "persistence")
 # An ensemble's spread, in each metric's units: the metric of (truth + spread) against truth,
 # e.g. sqrt(<spread^2> / std(truth)^2) for VRMSE. Recorded only for ensembles.
 SPREAD = "spread"
+# The reference of predicting each true frame's spatial mean (error metrics only).
+SPATIAL_MEAN = "spatial_mean"
+# The key of the ensemble scores in RolloutMetrics.to_dict() (ensembles of 2 or more members).
+ENSEMBLE = "ensemble"
+# scoringrules' CRPS estimator: the probability-weighted-moment form of the fair CRPS (equal to
+# the "fair" estimator, in O(K log K) instead of O(K^2) memory).
+CRPS_ESTIMATOR = "pwm"
 WINDOWS: tuple[tuple[int, int | None], ...] = ((1, 1), (2, 10), (11, 30), (31, 60), (61, None))
 
 
@@ -290,6 +318,92 @@ def change_correlation(
     return corr.masked_fill(still | quiet, math.nan)
 
 
+def _check_members(members: Tensor, truth: Tensor, n_spatial: int | None) -> tuple[int, ...]:
+    """Validate ``members (K, ..., C, *sp)`` against ``truth (..., C, *sp)``; the spatial axes of
+    ``truth``."""
+    axes = _spatial_axes(truth, truth, n_spatial)
+    if members.ndim != truth.ndim + 1 or members.shape[1:] != truth.shape:
+        raise ValueError(
+            f"members must be (K, *truth.shape) = (K, {', '.join(map(str, truth.shape))}), got "
+            f"{tuple(members.shape)}"
+        )
+    if members.shape[0] < 2:
+        raise ValueError(f"ensemble scores need at least 2 members, got {members.shape[0]}")
+    return axes
+
+
+def spread_skill_ratio(variance: Tensor, mse_of_mean: Tensor, members: int) -> Tensor:
+    """The corrected spread-skill ratio ``sqrt((K + 1) / K) * sqrt(variance / mse_of_mean)``.
+
+    Args:
+        variance: the members' unbiased variance, averaged over whatever is pooled (grid
+            points, samples, steps); any shape.
+        mse_of_mean: the ensemble mean's squared error, averaged over the same; same shape.
+        members: K (>= 2).
+
+    Returns:
+        Same shape; NaN where the mean is exact (``mse_of_mean == 0``).
+    """
+    if members < 2:
+        raise ValueError(f"the spread-skill ratio needs at least 2 members, got {members}")
+    ratio = (variance / mse_of_mean.masked_fill(mse_of_mean == 0, math.nan)).sqrt()
+    return math.sqrt((members + 1) / members) * ratio
+
+
+def ensemble_scores(
+    members: Tensor, truth: Tensor, *, n_spatial: int | None = None, eps: float = EPS
+) -> dict[str, Tensor]:
+    """Ensemble scores of one frame per sample (see the module docstring), float64.
+
+    Args:
+        members: ``(K, ..., C, *spatial)``, K >= 2 ensemble members.
+        truth: ``(..., C, *spatial)``.
+        n_spatial: number of spatial axes; inferred as ``truth.ndim - 2`` when omitted.
+        eps: added to the truth's spatial variance in the CRPS's scale, as for ``vrmse``.
+
+    Returns:
+        ``"variance"`` ``(..., C)``: the members' unbiased variance, mean over the grid;
+        ``"mse"`` ``(..., C)``: the ensemble mean's squared error, mean over the grid;
+        ``"spread_skill"`` ``(..., C)``: ``spread_skill_ratio`` of those two (one frame);
+        ``"crps"`` ``(..., C)``: the fair CRPS over the grid, over the truth's standard deviation;
+        ``"rank_counts"`` ``(..., C, K + 1)``: grid points with the truth at rank 0..K (ties
+        spread evenly over the ranks they could take, so counts can be fractional).
+    """
+    import scoringrules  # on first use: importing it takes about half a second
+
+    axes = _check_members(members, truth, n_spatial)
+    k = members.shape[0]
+    m = members.to(torch.float64)
+    t = truth.to(torch.float64)
+    variance = m.var(dim=0, correction=1).mean(dim=axes)  # (..., C)
+    err = mse(m.mean(dim=0), t, n_spatial=len(axes))  # (..., C)
+    # scoringrules' torch backend builds CPU tensors inside: score on the CPU
+    crps = scoringrules.crps_ensemble(
+        t.cpu(), m.cpu(), m_axis=0, estimator=CRPS_ESTIMATOR, backend="torch"
+    )  # (..., C, *spatial)
+    scale = (t.var(dim=axes, correction=1) + eps).sqrt().cpu()  # (..., C)
+    below = (m < t).sum(dim=0).flatten(start_dim=axes[0])  # (..., C, N) members under the truth
+    ties = (m == t).sum(dim=0).flatten(start_dim=axes[0])  # (..., C, N) members equal to it
+    return {
+        "variance": variance,
+        "mse": err,
+        "spread_skill": spread_skill_ratio(variance, err, k),
+        "crps": (crps.mean(dim=axes) / scale).to(t.device),
+        "rank_counts": _rank_counts(below, ties, k),
+    }
+
+
+def _rank_counts(below: Tensor, ties: Tensor, members: int) -> Tensor:
+    """Grid points per rank from ``below``/``ties`` ``(..., C, N)`` (members under / equal to
+    the truth at each point): ``(..., C, K + 1)``, a tie's point split evenly over ranks
+    ``below .. below + ties``."""
+    weight = 1.0 / (ties.to(torch.float64) + 1)  # (..., C, N)
+    diff = weight.new_zeros(*below.shape[:-1], members + 2)  # (..., C, K + 2)
+    diff.scatter_add_(-1, below, weight)
+    diff.scatter_add_(-1, below + ties + 1, -weight)
+    return diff.cumsum(dim=-1)[..., : members + 1]
+
+
 def persistence(input_fields: Tensor, steps: int) -> Tensor:
     """Persistence baseline: the last input frame repeated.
 
@@ -368,7 +482,8 @@ def _num(x: float) -> float | None:
 
 class RolloutMetrics:
     """Accumulates per-step errors (``METRICS``) and fidelity measures (``FIDELITY``) of a model
-    and of persistence.
+    and of persistence, the errors of the spatial-mean reference (``SPATIAL_MEAN``) and, for an
+    ensemble, its spread and scores (``ensemble_scores``).
 
     Values are averaged at each step over the samples in which they are defined (see
     ``NEGLIGIBLE_POWER``): sums and counts are kept in fixed-size float64 tensors, so merging or
@@ -380,6 +495,8 @@ class RolloutMetrics:
         steps: the largest 1-based step that will be recorded.
         eps: denominator epsilon of the error metrics.
         device: where the sums live (use the accelerator's device for NCCL all-reduce).
+        members: the ensemble size K; from 2 on, ``update`` takes the members and the
+            ensemble scores are accumulated.
     """
 
     def __init__(
@@ -389,9 +506,13 @@ class RolloutMetrics:
         *,
         eps: float = EPS,
         device: torch.device | str = "cpu",
+        members: int = 1,
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
+        if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+            raise ValueError(f"members must be an int >= 1, got {members!r}")
+        self.members = members
         self.field_names = [str(n) for n in field_names]
         if not self.field_names:
             raise ValueError("field_names must not be empty")
@@ -399,12 +520,16 @@ class RolloutMetrics:
         self.eps = eps
         self.grid: tuple[int, ...] | None = None
         c = len(self.field_names)
-        # sources: model, persistence, spread (error metrics only)
-        shape = (len(SOURCES) + 1, len(ALL_METRICS), steps, c)
+        # sources: model, persistence, spread, spatial mean (the last two: error metrics only)
+        shape = (len(SOURCES) + 2, len(ALL_METRICS), steps, c)
         self.sum = torch.zeros(shape, dtype=torch.float64, device=device)
         self.defined = torch.zeros(shape, dtype=torch.float64, device=device)  # samples per value
-        # samples recorded per step: model and persistence, spread
-        self.count = torch.zeros(2, steps, dtype=torch.float64, device=device)
+        # samples recorded per step: model and persistence, spread, ensemble scores
+        self.count = torch.zeros(3, steps, dtype=torch.float64, device=device)
+        # ensemble sums per step and field: members' variance, mean's MSE, scaled CRPS
+        self.ensemble = torch.zeros(3, steps, c, dtype=torch.float64, device=device)
+        # grid points per step, field and rank 0..K of the truth among the members
+        self.ranks = torch.zeros(steps, c, members + 1, dtype=torch.float64, device=device)
         # (step, pred, truth) of the last update: the default previous frames of the next step
         self._previous: tuple[int, Tensor | None, Tensor | None] = (0, None, None)
         # per field, summed over samples and steps: the truth's range over space plus its
@@ -448,6 +573,7 @@ class RolloutMetrics:
         last_input: Tensor,
         spread: Tensor | None = None,
         *,
+        members: Tensor | None = None,
         prev_pred: Tensor | None = None,
         prev_truth: Tensor | None = None,
     ) -> None:
@@ -458,7 +584,10 @@ class RolloutMetrics:
             pred: ``(B, C, *spatial)`` model prediction (an ensemble's mean).
             truth: ``(B, C, *spatial)`` ground truth.
             last_input: ``(B, C, *spatial)`` last input frame (the persistence prediction).
-            spread: ``(B, C, *spatial)`` an ensemble's standard deviation, or ``None``.
+            spread: ``(B, C, *spatial)`` an ensemble's standard deviation, or ``None``; with
+                ``members`` it defaults to their population standard deviation.
+            members: ``(K, B, C, *spatial)`` the ensemble's members (K as constructed, >= 2),
+                for the ensemble scores; ``pred`` should be their mean.
             prev_pred: the model's prediction of the step before (for the change correlation);
                 ``last_input`` at step 1. From step 2 on it defaults to the ``pred`` of the
                 previous call when that call recorded step - 1 of the same batch shape.
@@ -490,12 +619,30 @@ class RolloutMetrics:
         if self.grid is not None and grid != self.grid:
             raise ValueError(f"grid {grid} differs from the grid {self.grid} recorded before")
         self.grid = grid
+        if members is not None:
+            if self.members < 2 or members.shape[0] != self.members:
+                raise ValueError(
+                    f"got {members.shape[0]} members; this accumulator was built for "
+                    f"members={self.members} (ensemble scores need 2 or more)"
+                )
+            scores = ensemble_scores(members, truth, eps=self.eps)
+            dev = self.ensemble.device
+            for row, key in enumerate(("variance", "mse", "crps")):
+                self.ensemble[row, step - 1] += scores[key].sum(dim=0).to(dev)
+            self.ranks[step - 1] += scores["rank_counts"].sum(dim=0).to(dev)
+            self.count[2, step - 1] += truth.shape[0]
+            if spread is None:
+                spread = members.std(dim=0, correction=0)  # (B, C, *sp)
+        axes = tuple(range(2, truth.ndim))
+        flat = truth.mean(dim=axes, keepdim=True).expand_as(truth)  # (B, C, *sp) spatial means
+        total, ok = self._values(flat, truth, None, truth)
+        self.sum[3, :, step - 1] += total
+        self.defined[3, :, step - 1] += ok
         for source, (p, p_prev) in enumerate(((pred, prev_pred), (last_input, last_input))):
             total, ok = self._values(p, truth, p_prev, prev_truth)
             self.sum[source, :, step - 1] += total
             self.defined[source, :, step - 1] += ok
         self.count[0, step - 1] += truth.shape[0]
-        axes = tuple(range(2, truth.ndim))
         t64 = truth.to(torch.float64)
         variation = (t64.amax(dim=axes) - t64.amin(dim=axes)) + (
             t64 - last_input.to(torch.float64)
@@ -513,25 +660,31 @@ class RolloutMetrics:
             self.count[1, step - 1] += truth.shape[0]
 
     def state(self) -> dict[str, Tensor]:
-        """The tensors to merge or all-reduce: ``sum`` and ``defined (3, M_all, steps, C)``,
-        ``count (2, steps)``, ``variation (C,)``.
+        """The tensors to merge or all-reduce: ``sum`` and ``defined (4, M_all, steps, C)``,
+        ``count (3, steps)``, ``variation (C,)``, ``ensemble (3, steps, C)``, ``ranks (steps, C,
+        K + 1)``.
 
-        Source 2 of ``sum``/``defined`` and row 1 of ``count`` hold the ensemble spread.
+        Sources 2 and 3 of ``sum``/``defined`` hold the ensemble spread and the spatial-mean
+        reference; rows 1 and 2 of ``count`` the samples with a spread and with members.
         """
         return {
             "sum": self.sum,
             "defined": self.defined,
             "count": self.count,
             "variation": self.variation,
+            "ensemble": self.ensemble,
+            "ranks": self.ranks,
         }
 
     def merge(self, other: RolloutMetrics | Mapping[str, Tensor]) -> RolloutMetrics:
         """Add another accumulator (or its ``state()``) into this one, in place."""
         state = other.state() if isinstance(other, RolloutMetrics) else other
-        if state["sum"].shape != self.sum.shape:
-            raise ValueError(
-                f"cannot merge metrics of shape {tuple(state['sum'].shape)} into {tuple(self.sum.shape)}"
-            )
+        for key in ("sum", "ranks"):
+            if state[key].shape != getattr(self, key).shape:
+                raise ValueError(
+                    f"cannot merge metrics of {key} shape {tuple(state[key].shape)} into "
+                    f"{tuple(getattr(self, key).shape)} (other fields, steps or ensemble size)"
+                )
         if isinstance(other, RolloutMetrics) and self.grid is None:
             self.grid = other.grid
         for key, mine in self.state().items():
@@ -565,6 +718,96 @@ class RolloutMetrics:
         m = len(METRICS)
         return (self.sum[2, :m, :n] / self.defined[2, :m, :n]).cpu()
 
+    def spatial_mean_per_step(self) -> Tensor:
+        """Errors ``(len(METRICS), S, C)`` of the spatial-mean reference over the S leading steps."""
+        n = self._n_steps(0)
+        m = len(METRICS)
+        return (self.sum[3, :m, :n] / self.defined[3, :m, :n]).cpu()
+
+    def ensemble_dict(self) -> dict[str, Any] | None:
+        """The ensemble scores as JSON (``to_dict()["ensemble"]``), ``None`` without members.
+
+        Layout: ``{"members": K, "crps_estimator", "spread_skill": B, "crps": B,
+        "rank_histogram": {"per_step": {field: [S][K + 1]}, "windows": {field: {window: [K +
+        1]}}, "mean_over_fields": {"windows": {window: [K + 1]}}}, "rank_max_over_flat": B}`` with
+        ``B`` laid out as a metric's block of ``to_dict`` (``per_step``, ``windows``,
+        ``mean_over_fields``; no ``samples``). The spread-skill ratio of a window pools the
+        window's steps (the mean variance over the mean squared error); the rank histogram's
+        fractions pool the grid points of its steps; the means over fields leave out
+        ``constant_fields`` and, for the histograms, pool the fields' points.
+        """
+        n = self._n_steps(2)
+        if n == 0:
+            return None
+        k = self.members
+        count = self.count[2, :n].cpu().reshape(n, 1)  # (S, 1)
+        ens = self.ensemble[:, :n].cpu() / count  # (3, S, C) per-step means over samples
+        ranks = self.ranks[:n].cpu()  # (S, C, K + 1)
+        windows = step_windows(n)
+        constant = self.constant_fields()
+        in_mean = [c for c, f in enumerate(self.field_names) if f not in constant]
+
+        def fractions(x: Tensor) -> list[float | None]:  # (K + 1,) counts -> fractions
+            return [_num(v) for v in (x / x.sum()).tolist()]
+
+        def pooled(lo: int, hi: int) -> tuple[Tensor, Tensor]:  # steps lo..hi (1-based)
+            return ens[0, lo - 1 : hi].mean(dim=0), ens[1, lo - 1 : hi].mean(dim=0)  # (C,) each
+
+        ssr_steps = spread_skill_ratio(ens[0], ens[1], k)  # (S, C)
+        ssr_windows = {w: spread_skill_ratio(*pooled(a, b), k) for w, (a, b) in windows.items()}
+        flat = 1.0 / (k + 1)
+        rank_steps = ranks / ranks.sum(dim=-1, keepdim=True)  # (S, C, K + 1)
+        rank_windows = {w: ranks[a - 1 : b].sum(dim=0) for w, (a, b) in windows.items()}
+
+        def block(steps: Tensor, by_window: Mapping[str, Tensor]) -> dict[str, Any]:
+            # steps (S, C), by_window: window -> (C,)
+            def mean(x: Tensor) -> float | None:
+                return _num(x[in_mean].nanmean()) if in_mean else None
+
+            return {
+                "per_step": {
+                    f: [_num(v) for v in steps[:, c].tolist()]
+                    for c, f in enumerate(self.field_names)
+                },
+                "windows": {
+                    f: {w: _num(v[c]) for w, v in by_window.items()}
+                    for c, f in enumerate(self.field_names)
+                },
+                "mean_over_fields": {
+                    "per_step": [mean(row) for row in steps],
+                    "windows": {w: mean(v) for w, v in by_window.items()},
+                },
+            }
+
+        crps_windows = {w: ens[2, a - 1 : b].mean(dim=0) for w, (a, b) in windows.items()}
+        max_windows = {
+            w: (v / v.sum(dim=-1, keepdim=True)).amax(dim=-1) / flat
+            for w, v in rank_windows.items()
+        }
+        pooled_fields = {w: v[in_mean].sum(dim=0) for w, v in rank_windows.items()}
+        return {
+            "members": k,
+            "crps_estimator": f"scoringrules.crps_ensemble, estimator={CRPS_ESTIMATOR!r} (fair)",
+            "spread_skill": block(ssr_steps, ssr_windows),
+            "crps": block(ens[2], crps_windows),
+            "rank_histogram": {
+                "per_step": {
+                    f: [fractions(ranks[s, c]) for s in range(n)]
+                    for c, f in enumerate(self.field_names)
+                },
+                "windows": {
+                    f: {w: fractions(v[c]) for w, v in rank_windows.items()}
+                    for c, f in enumerate(self.field_names)
+                },
+                "mean_over_fields": {
+                    "windows": {
+                        w: fractions(v) if in_mean else None for w, v in pooled_fields.items()
+                    }
+                },
+            },
+            "rank_max_over_flat": block(rank_steps.amax(dim=-1) / flat, max_windows),
+        }
+
     def constant_fields(self) -> list[str]:
         """Fields whose truth was constant in space and time in every recorded sample."""
         if self._n_steps(0) == 0:
@@ -576,7 +819,9 @@ class RolloutMetrics:
 
         Layout: ``{"fields", "steps", "count", "eps", "negligible_power", "spectral_bins",
         "windows", "constant_fields", "fields_in_mean", "negligible_true_power", "model": M,
-        "persistence": M[, "spread": M]}`` (``spread`` for ensembles, error metrics only) with
+        "persistence": M, "spatial_mean": M[, "spread": M, "ensemble": E]}`` (``spatial_mean``
+        and ``spread`` hold the error metrics only; ``spread`` comes with a spread or members,
+        ``ensemble``, see ``ensemble_dict``, with members) with
         ``M[metric] = {"per_step": {field: [S]}, "samples": {field: [S]}, "windows": {field:
         {window: v}}, "mean_over_fields": {"per_step": [S], "windows": {window: v}}}`` for every
         metric of ``ALL_METRICS``. ``null`` marks an undefined value (see ``NEGLIGIBLE_POWER``);
@@ -625,11 +870,15 @@ class RolloutMetrics:
         blocks = [(source, ALL_METRICS, means[i], defined[i]) for i, source in enumerate(SOURCES)]
         if spread is not None:
             blocks.append((SPREAD, METRICS, spread, defined[2]))
+        blocks.append((SPATIAL_MEAN, METRICS, self.spatial_mean_per_step(), defined[3]))
         for source, names, table, samples in blocks:
             out[source] = {
                 metric: self._block(table[m], samples[m, : table.shape[1]], in_mean)
                 for m, metric in enumerate(names)
             }
+        scores = self.ensemble_dict()
+        if scores is not None:
+            out[ENSEMBLE] = scores
         return out
 
     def _block(self, values: Tensor, samples: Tensor, in_mean: list[int]) -> dict[str, Any]:

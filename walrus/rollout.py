@@ -14,7 +14,8 @@ still shrink when the dynamics slow down, as on Gray-Scott, where fixing it woul
 Dynamics that speed up beyond the context's pace are limited by the cap; turn it off for them.
 
 ``ensemble_rollout`` runs several jittered rollouts of the same trajectories side by side and
-yields their mean and spread.
+yields their mean and spread (and, with ``keep_members=True``, the members). ``rollout`` is the
+deterministic path: one prediction per step, fixed by the seed.
 
 Jitter averaging (``jitter_average=K``): every step runs the model under K jitter draws and
 feeds the mean prediction back. A patch model's seams sit at different places in each draw,
@@ -219,8 +220,9 @@ def ensemble_rollout(
     *,
     members: int,
     jitter_seed: int,
+    keep_members: bool = False,
     **kwargs: Any,
-) -> Iterator[tuple[Tensor, Tensor]]:
+) -> Iterator[tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]]:
     """Roll ``members`` jittered copies of each trajectory out side by side.
 
     Member ``m`` is :func:`rollout` with jitter seed ``jitter_seed + m * MEMBER_SEED_STRIDE``, so
@@ -234,11 +236,14 @@ def ensemble_rollout(
         steps: as for :func:`rollout`.
         members: ensemble size (>= 1).
         jitter_seed: base seed (required: without jitter the members would be identical).
+        keep_members: also yield the members themselves, e.g. for
+            ``walrus.metrics.ensemble_scores`` or ``RolloutMetrics(members=K)``.
         **kwargs: passed to :func:`rollout` (normalizer, predict_delta, autocast_dtype, ...).
 
     Yields:
         ``(mean, spread)``, each ``(B, C, *spatial)``: the members' mean and their standard
-        deviation (population, 0 for one member) at each step.
+        deviation (population, 0 for one member) at each step; with ``keep_members``
+        ``(mean, spread, members)``, members ``(K, B, C, *spatial)``.
 
     Raises:
         RolloutDivergedError: a member's prediction held NaN/Inf (when ``check_finite``).
@@ -254,7 +259,7 @@ def ensemble_rollout(
     for preds in zip(*runs):
         stack = torch.stack(preds)  # (M, B, C, *spatial)
         spread, mean = torch.std_mean(stack, dim=0, correction=0)
-        yield mean, spread
+        yield (mean, spread, stack) if keep_members else (mean, spread)
 
 
 def _check_jitter_average(draws: Any, jitter_seed: int | None) -> int:

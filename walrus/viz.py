@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,20 @@ import numpy as np
 from torch import Tensor
 
 from walrus.atomic import atomic_path
-from walrus.metrics import METRIC_LABELS, NEGLIGIBLE_POWER, SOURCES, SPECTRAL_BINS, SPREAD
+from walrus.metrics import (
+    ENSEMBLE,
+    FIDELITY,
+    METRIC_LABELS,
+    NEGLIGIBLE_POWER,
+    SOURCES,
+    SPATIAL_MEAN,
+    SPECTRAL_BINS,
+    SPREAD,
+)
 
 MAX_FRAMES = 60
+# characters of a 10-point title line per inch of figure width (titles are wrapped to fit)
+TITLE_CHARS_PER_INCH = 11
 # GIF frames are quantised to this many colours each, with a palette fitted to the frame
 GIF_COLOURS = 256
 
@@ -35,6 +47,27 @@ def _new_figure(width: float, height: float) -> Any:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def _suptitle(fig: Any, lines: Sequence[str], width: float) -> None:
+    """The figure's title, each line wrapped to the figure's ``width`` (inches)."""
+    chars = max(20, int(width * TITLE_CHARS_PER_INCH))
+    wrapped = [w for line in lines for w in textwrap.wrap(line, chars) or [""]]
+    fig.suptitle("\n".join(wrapped), fontsize=10)
+
+
+def _figure_legend(fig: Any, axes: Sequence[Any]) -> None:
+    """One legend for the figure, below the panels (where it covers no curve or window label),
+    with each label of ``axes`` once."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if seen:
+        fig.legend(
+            list(seen.values()), list(seen), loc="outside lower center", ncols=min(len(seen), 4),
+            fontsize=8,
+        )  # fmt: skip
 
 
 def _save_figure(fig: Any, path: str | os.PathLike[str], dpi: int, title: str | None) -> Path:
@@ -98,12 +131,14 @@ def plot_error_curves(
     title: str | None = None,
     dpi: int = 100,
 ) -> Path:
-    """Plot error against rollout step, model vs persistence, log y axis.
+    """Plot error against rollout step, model vs persistence (and the spatial-mean reference
+    where ``metrics`` holds it), log y axis.
 
     For an ensemble (``metrics`` holds ``"spread"``) the model's curve gets a band of +- the
     members' spread in the same metric's units. Undefined values (``null``: negligible true
     power) are gaps, and a panel with none defined says so. The step windows of ``metrics``
-    are shaded and named.
+    are shaded and named; the legend sits below the panels and the title is wrapped to the
+    figure's width.
 
     Args:
         metrics: ``RolloutMetrics.to_dict()`` output.
@@ -117,6 +152,13 @@ def plot_error_curves(
     Returns:
         The written path.
     """
+    return _save_figure(error_curves_figure(metrics, metric, title=title), path, dpi, title)
+
+
+def error_curves_figure(
+    metrics: Mapping[str, Any], metric: str = "vrmse", *, title: str | None = None
+) -> Any:
+    """The matplotlib ``Figure`` that ``plot_error_curves`` saves (same arguments)."""
     fields = list(metrics["fields"])
     if metric == "spectral":
         bins = list(metrics.get("spectral_bins", {}).get("names", SPECTRAL_BINS))
@@ -131,25 +173,33 @@ def plot_error_curves(
             f"metric {metric!r}: {missing} not in metrics; have {sorted(metrics.get('model', {}))}"
         )
     rows = -(-len(panels) // cols)
-    fig = _new_figure(3.2 * cols, 2.6 * rows + 0.4)
+    width = max(3.2 * cols, 4.8)
+    fig = _new_figure(width, 2.6 * rows + 0.9)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     constant = set(metrics.get("constant_fields", []))
+    sources = [("model", "-"), ("persistence", "--")]
+    if metric != "spectral" and metric in metrics.get(SPATIAL_MEAN, {}):
+        sources.append((SPATIAL_MEAN, ":"))
     for k, (ax, (name, key, field)) in enumerate(zip(axes, panels)):
         _mark_windows(ax, metrics.get("windows", {}), label=k < cols)
-        for source, style in (("model", "-"), ("persistence", "--")):
+        for source, style in sources:
             values = _curve(metrics[source][key]["per_step"][field])
             steps = np.arange(1, len(values) + 1)
             line = ax.plot(
-                steps, values, style, label=source, marker="." if len(values) < 20 else None
+                steps,
+                values,
+                style,
+                label=source.replace("_", " "),
+                marker="." if len(values) < 20 else None,
             )
             if source == "model" and SPREAD in metrics:
-                width = _curve(metrics[SPREAD][key]["per_step"][field])
-                n = min(len(width), len(values))
-                lo = np.maximum(values[:n] - width[:n], values[:n] * 1e-3)  # keep > 0 (log axis)
+                band = _curve(metrics[SPREAD][key]["per_step"][field])
+                n = min(len(band), len(values))
+                lo = np.maximum(values[:n] - band[:n], values[:n] * 1e-3)  # keep > 0 (log axis)
                 ax.fill_between(
                     steps[:n],
                     lo,
-                    values[:n] + width[:n],
+                    values[:n] + band[:n],
                     color=line[0].get_color(),
                     alpha=0.25,
                     label="ensemble spread",
@@ -174,9 +224,9 @@ def plot_error_curves(
             "the mean"
         )
     if lines:
-        fig.suptitle("\n".join(lines), fontsize=10)
-    axes[0].legend(fontsize=8)
-    return _save_figure(fig, path, dpi, title)
+        _suptitle(fig, lines, width)
+    _figure_legend(fig, axes[: len(panels)])
+    return fig
 
 
 def _spans_decades(values: np.ndarray) -> bool:
@@ -196,7 +246,8 @@ def plot_fidelity(
     power ratio of each wavenumber bin, model (solid) against persistence (dashed).
 
     One row per field and one for the mean over fields; 1 (dotted) is ideal everywhere.
-    Undefined values (negligible true power, persistence's change) are gaps.
+    Undefined values (negligible true power, persistence's change) are gaps. The legend sits
+    below the panels, clear of the window labels at their tops.
 
     Args:
         metrics: ``RolloutMetrics.to_dict()`` output (with the ``FIDELITY`` measures).
@@ -207,6 +258,11 @@ def plot_fidelity(
     Returns:
         The written path.
     """
+    return _save_figure(fidelity_figure(metrics, title=title), path, dpi, title)
+
+
+def fidelity_figure(metrics: Mapping[str, Any], *, title: str | None = None) -> Any:
+    """The matplotlib ``Figure`` that ``plot_fidelity`` saves (same arguments)."""
     if "amplitude_ratio" not in metrics.get("model", {}):
         raise ValueError("metrics hold no fidelity measures (amplitude_ratio, ...)")
     fields = list(metrics["fields"])
@@ -214,7 +270,7 @@ def plot_fidelity(
     rows = [(f"{f} (constant)" if f in constant else f, f) for f in fields]
     rows.append(("mean over fields", None))
     bins = list(metrics.get("spectral_bins", {}).get("names", SPECTRAL_BINS))
-    fig = _new_figure(10.5, 2.4 * len(rows) + 0.4)
+    fig = _new_figure(10.5, 2.4 * len(rows) + 0.9)
     axes = fig.subplots(len(rows), 3, squeeze=False)
     panels = (
         ("amplitude ratio", ["amplitude_ratio"], True),
@@ -257,10 +313,134 @@ def plot_fidelity(
             ax.set_title(f"{row_name}: {label}", fontsize=9)
             ax.set_xlabel("step")
             ax.grid(True, which="both", alpha=0.3)
-            if r == 0 and drawn:
-                ax.legend(fontsize=7)
+    _figure_legend(fig, axes[0])
     if title:
-        fig.suptitle(title, fontsize=10)
+        _suptitle(fig, [title], 10.5)
+    return fig
+
+
+def plot_fidelity_fields(
+    metrics: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    dpi: int = 100,
+) -> Path:
+    """Every field's physics at a glance: one panel per fidelity measure (amplitude ratio,
+    change correlation, power ratio of each wavenumber bin), fields down, step windows across,
+    the model's window mean written in each cell.
+
+    Ratios are coloured by log2 of the ratio (white is 1, red too much, blue too little,
+    saturating at 8x either way); the change correlation from -1 (red) through 0 (yellow) to 1
+    (green).
+    Undefined cells (negligible true power) are grey and read ``n/a``.
+
+    Args:
+        metrics: ``RolloutMetrics.to_dict()`` output (with the ``FIDELITY`` measures).
+        path: output image (png).
+        title: the figure's title.
+        dpi: resolution.
+
+    Returns:
+        The written path.
+    """
+    from matplotlib import colormaps
+
+    if "amplitude_ratio" not in metrics.get("model", {}):
+        raise ValueError("metrics hold no fidelity measures (amplitude_ratio, ...)")
+    fields = list(metrics["fields"])
+    windows = list(metrics.get("windows", {}))
+    if not windows:
+        raise ValueError("metrics hold no steps to plot")
+    constant = set(metrics.get("constant_fields", []))
+    labels = [f"{f} (constant)" if f in constant else f for f in fields]
+    width = max(4.0, 1.0 + 0.9 * len(windows)) * len(FIDELITY) / 2 + 1.0
+    height = 0.45 * len(fields) + 2.2
+    fig = _new_figure(width, height)
+    axes = fig.subplots(1, len(FIDELITY), squeeze=False)[0]
+    for ax, key in zip(axes, FIDELITY):
+        block = metrics["model"][key]["windows"]
+        values = np.array(
+            [
+                [math.nan if block[f].get(w) is None else block[f][w] for w in windows]
+                for f in fields
+            ],
+            dtype=float,
+        )  # (fields, windows)
+        if key == "change_correlation":
+            shown, cmap, lim = values, "RdYlGn", (-1.0, 1.0)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                shown = np.log2(values)
+            cmap, lim = "RdBu_r", (-3.0, 3.0)
+        image = np.ma.masked_invalid(shown)
+        colours = colormaps[cmap].with_extremes(bad="0.85")
+        im = ax.imshow(image, cmap=colours, vmin=lim[0], vmax=lim[1], aspect="auto")
+        for (r, c), v in np.ndenumerate(values):
+            ax.text(c, r, "n/a" if math.isnan(v) else f"{v:.3g}", ha="center", va="center",
+                    fontsize=7)  # fmt: skip
+        ax.set_xticks(range(len(windows)), windows, rotation=45, fontsize=7)
+        ax.set_yticks(range(len(fields)), labels if ax is axes[0] else [], fontsize=8)
+        ax.set_xlabel("steps", fontsize=8)
+        ax.set_title(METRIC_LABELS.get(key, key), fontsize=9)
+        bar = fig.colorbar(im, ax=ax, shrink=0.8, location="bottom")
+        bar.set_label("correlation" if key == "change_correlation" else "log2 ratio", fontsize=7)
+    lines = [title] if title else []
+    lines.append("model, mean over each step window; 1 is ideal for every measure")
+    _suptitle(fig, lines, width)
+    return _save_figure(fig, path, dpi, title)
+
+
+def plot_rank_histogram(
+    metrics: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    dpi: int = 100,
+) -> Path:
+    """Rank histograms of an ensemble: one row per field, one column per step window.
+
+    Bar r is how often the truth had r members below it, over the flat level 1 / (K + 1), so a
+    calibrated ensemble's bars sit at 1 (dashed); the dotted line at 2 marks a bin twice the
+    flat level. U-shaped: the ensemble is too sure of itself; humped: too unsure.
+
+    Args:
+        metrics: ``RolloutMetrics.to_dict()`` output of an ensemble (with ``"ensemble"``).
+        path: output image (png).
+        title: the figure's title.
+        dpi: resolution.
+
+    Returns:
+        The written path.
+    """
+    if ENSEMBLE not in metrics:
+        raise ValueError("metrics hold no ensemble scores (roll out with ensemble=2 or more)")
+    ens = metrics[ENSEMBLE]
+    k = int(ens["members"])
+    hist = ens["rank_histogram"]["windows"]
+    fields = list(metrics["fields"])
+    windows = list(next(iter(hist.values())))
+    width = max(4.8, 2.4 * len(windows))
+    fig = _new_figure(width, 1.9 * len(fields) + 1.0)
+    axes = fig.subplots(len(fields), len(windows), squeeze=False, sharey=True)
+    for r, field in enumerate(fields):
+        for c, window in enumerate(windows):
+            ax = axes[r, c]
+            freq = np.array([math.nan if v is None else v for v in hist[field][window]], float)
+            ax.bar(np.arange(k + 1), freq * (k + 1), width=0.85, color="C0")
+            ax.axhline(1.0, color="k", lw=0.8, ls="--")
+            ax.axhline(2.0, color="0.4", lw=0.8, ls=":")
+            ax.set_xticks(range(k + 1) if k < 12 else range(0, k + 1, max(1, k // 6)))
+            ax.tick_params(labelsize=7)
+            if r == 0:
+                ax.set_title(f"steps {window}", fontsize=9)
+            if r == len(fields) - 1:
+                ax.set_xlabel("rank of the truth", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(f"{field}\nfrequency / flat", fontsize=8)
+    lines = [title] if title else []
+    lines.append(f"rank histograms, {k} members; 1 (dashed) is flat, i.e. calibrated")
+    _suptitle(fig, lines, width)
     return _save_figure(fig, path, dpi, title)
 
 

@@ -23,9 +23,11 @@ from walrus.inference.rollout import run_rollout
 
 COMMANDS = ("rollout", "evaluate")
 COMMAND_HELP = {
-    "rollout": "roll trajectories out autoregressively and score every step against the truth "
-    "and persistence; writes metrics.json, predictions.hdf5, vrmse.png, spectral.png, "
-    "fidelity.png, snapshots.png and rollout.gif (mp4 with ffmpeg) to out/, prints a table",
+    "rollout": "roll trajectories out autoregressively and score every step against the truth, "
+    "persistence and the spatial mean; writes metrics.json, predictions.hdf5, vrmse.png, "
+    "spectral.png, fidelity.png, fidelity_fields.png, snapshots.png and rollout.gif (mp4 with "
+    "ffmpeg), with ensemble=N also rank_histogram.png (and members.hdf5 with "
+    "save_members=true), to out/, prints tables",
     "evaluate": "one-step errors over every window of a split; writes metrics.json, prints a table",
 }
 HELP_FLAGS = ("-h", "--help")

@@ -342,8 +342,9 @@ class Prepared:
 HYDRA_RUN_FILES = frozenset({".hydra", "infer.log"})
 # What the inference commands write: replaced by `overwrite=true`.
 RESULT_FILES = frozenset(
-    {"metrics.json", "predictions.hdf5", "vrmse.png", "spectral.png", "snapshots.png",
-     "rollout.gif", "rollout.mp4"}
+    {"metrics.json", "predictions.hdf5", "members.hdf5", "vrmse.png", "spectral.png",
+     "fidelity.png", "fidelity_fields.png", "rank_histogram.png", "snapshots.png", "rollout.gif",
+     "rollout.mp4"}
 )  # fmt: skip
 
 

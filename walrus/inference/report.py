@@ -20,7 +20,7 @@ from walrus.atomic import write_text_atomic
 from walrus.bcs import BoundaryType
 from walrus.data.well_dataset import WellDataset
 from walrus.data.writer import write_well_file
-from walrus.metrics import NEGLIGIBLE_POWER, SPECTRAL_BINS
+from walrus.metrics import ENSEMBLE, NEGLIGIBLE_POWER, SPATIAL_MEAN, SPECTRAL_BINS
 
 # The printed tables: point-wise errors, the binned spectral MSE (one column pair per bin), then
 # the physical-fidelity measures (1 is ideal for all of them).
@@ -41,7 +41,17 @@ TABLES = (
     ),
 )
 NOTE_WIDTH = 100  # the lines under a table are wrapped to this width
-SOURCE_LABELS = {"model": "model", "persistence": "persist."}
+SOURCE_LABELS = {"model": "model", "persistence": "persist.", SPATIAL_MEAN: "sp.mean"}
+# the fidelity tables (1 is ideal): their rows name the field furthest from 1
+FIDELITY_TABLES = frozenset({2, 3})
+SPATIAL_MEAN_NOTE = (
+    "sp.mean: predicting each true frame's own spatial mean everywhere (VRMSE just under 1); a "
+    "model above it does worse than a flat field at the right level"
+)
+WORST_NOTE = (
+    "worst field: the field whose measure is furthest from 1 in that window (ratios by their "
+    "factor either way, the change correlation by 1 - corr)"
+)
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
@@ -170,8 +180,40 @@ def table_notes(metrics: Mapping[str, Any]) -> list[str]:
     return [textwrap.fill(note, NOTE_WIDTH, subsequent_indent="  ") for note in notes]
 
 
+def _sources(metrics: Mapping[str, Any], table: int) -> list[str]:
+    """The columns' sources of table ``table``: model, persistence and, in the error table of
+    metrics that hold it, the spatial-mean reference."""
+    extra = [SPATIAL_MEAN] if table == 0 and SPATIAL_MEAN in metrics else []
+    return ["model", "persistence", *extra]
+
+
+def _deviation(metric: str, value: float | None) -> float:
+    """How far a fidelity value is from the ideal 1: ``|ln ratio|``, or ``1 - corr``."""
+    if value is None or math.isnan(value):
+        return -math.inf
+    if metric == "change_correlation":
+        return 1.0 - value
+    return math.inf if value <= 0 else abs(math.log(value))
+
+
+def worst_field(metrics: Mapping[str, Any], measures: Sequence[str], window: str) -> str:
+    """``"field (measure value)"``: the model's field and measure furthest from 1 in ``window``
+    among ``measures`` (fidelity keys), over the fields in the mean; ``n/a`` if none is defined."""
+    labels = {k: v for _, table in TABLES for k, v in table.items()}
+    best = (-math.inf, "n/a")
+    for field in metrics["fields_in_mean"]:
+        for m in measures:
+            value = metrics["model"][m]["windows"][field].get(window)
+            dev = _deviation(m, value)
+            if dev > best[0]:
+                best = (dev, f"{field} ({labels.get(m, m)} {_fmt(value)})")
+    return best[1]
+
+
 def format_rollout_table(name: str, metrics: Mapping[str, Any]) -> str:
-    """Windowed errors and fidelity measures, mean over fields, model against persistence.
+    """Windowed errors and fidelity measures, mean over fields, model against persistence and
+    (errors) the spatial-mean reference; the fidelity tables name the worst field of each
+    window; an ensemble adds its scores (``format_ensemble_table``).
 
     Args:
         name: dataset name (title line).
@@ -179,35 +221,68 @@ def format_rollout_table(name: str, metrics: Mapping[str, Any]) -> str:
     """
     windows = list(metrics["windows"])
     blocks = [f"{name}: {metrics['steps']} steps, mean over fields {metrics['fields_in_mean']}"]
-    for title, labels in TABLES:
-        head = ["steps"] + [
-            f"{lab} {SOURCE_LABELS[s]}" for lab in labels.values() for s in SOURCE_LABELS
-        ]
+    several = len(metrics["fields_in_mean"]) > 1
+    for t, (title, labels) in enumerate(TABLES):
+        sources = _sources(metrics, t)
+        worst = several and t in FIDELITY_TABLES
+        head = ["steps"] + [f"{lab} {SOURCE_LABELS[s]}" for lab in labels.values() for s in sources]
         rows = [
             [w]
             + [
                 _fmt(metrics[s][m]["mean_over_fields"]["windows"][w])
                 for m in labels
-                for s in SOURCE_LABELS
+                for s in sources
             ]
+            + ([worst_field(metrics, list(labels), w)] if worst else [])
             for w in windows
         ]
-        blocks.append(_table(title, head, rows))
-    return "\n".join(blocks + table_notes(metrics))
+        blocks.append(_table(title, head + (["worst field"] if worst else []), rows))
+    notes = [SPATIAL_MEAN_NOTE] if SPATIAL_MEAN in metrics else []
+    notes += [WORST_NOTE] if several else []
+    if ENSEMBLE in metrics:
+        blocks.append(format_ensemble_table(metrics))
+    wrapped = [textwrap.fill(n, NOTE_WIDTH, subsequent_indent="  ") for n in notes]
+    return "\n".join(blocks + wrapped + table_notes(metrics))
+
+
+def format_ensemble_table(metrics: Mapping[str, Any]) -> str:
+    """The ensemble's scores per step window, mean over fields, and the field whose
+    spread-skill ratio is furthest from 1."""
+    ens = metrics[ENSEMBLE]
+    title = textwrap.fill(
+        f"ensemble of {ens['members']} members (spread/skill: spread-skill ratio with the "
+        "finite-ensemble correction sqrt((K+1)/K), 1 is calibrated, below 1 too sure; CRPS: fair "
+        "CRPS over the truth's spatial std, 0 is exact; rank max/flat: largest rank-histogram "
+        "bin over the flat level, 1 is flat)",
+        NOTE_WIDTH,
+    )
+    keys = {"spread_skill": "spread/skill", "crps": "CRPS", "rank_max_over_flat": "rank max/flat"}
+    head = ["steps", *keys.values(), "worst spread/skill"]
+    rows = []
+    for w in metrics["windows"]:
+        row = [w] + [_fmt(ens[k]["mean_over_fields"]["windows"].get(w)) for k in keys]
+        ratios = {f: ens["spread_skill"]["windows"][f].get(w) for f in metrics["fields_in_mean"]}
+        devs = {f: _deviation("spread_skill", v) for f, v in ratios.items()}
+        far = max(devs, key=devs.get, default=None)
+        row.append(
+            "n/a" if far is None or devs[far] == -math.inf else f"{far} ({_fmt(ratios[far])})"
+        )
+        rows.append(row)
+    return _table(title, head, rows)
 
 
 def format_evaluate_table(name: str, metrics: Mapping[str, Any], n_windows: int) -> str:
-    """One-step errors and fidelity per field and their mean, model against persistence."""
+    """One-step errors and fidelity per field and their mean, model against persistence and
+    (errors) the spatial-mean reference; an ensemble adds its scores."""
     blocks = [f"{name}: one-step errors over {n_windows} windows"]
-    for title, labels in TABLES:
-        head = ["field"] + [
-            f"{lab} {SOURCE_LABELS[s]}" for lab in labels.values() for s in SOURCE_LABELS
-        ]
+    for t, (title, labels) in enumerate(TABLES):
+        sources = _sources(metrics, t)
+        head = ["field"] + [f"{lab} {SOURCE_LABELS[s]}" for lab in labels.values() for s in sources]
         rows = []
         for field in [*metrics["fields"], "mean"]:
             row = [field]
             for m in labels:
-                for s in SOURCE_LABELS:
+                for s in sources:
                     entry = metrics[s][m]
                     values = (
                         entry["mean_over_fields"]["per_step"]
@@ -217,7 +292,11 @@ def format_evaluate_table(name: str, metrics: Mapping[str, Any], n_windows: int)
                     row.append(_fmt(values[0]) if values else "n/a")
             rows.append(row)
         blocks.append(_table(title, head, rows))
-    return "\n".join(blocks + table_notes(metrics))
+    if ENSEMBLE in metrics:
+        blocks.append(format_ensemble_table(metrics))
+    notes = [SPATIAL_MEAN_NOTE] if SPATIAL_MEAN in metrics else []
+    wrapped = [textwrap.fill(n, NOTE_WIDTH, subsequent_indent="  ") for n in notes]
+    return "\n".join(blocks + wrapped + table_notes(metrics))
 
 
 def _table(title: str, head: list[str], rows: list[list[str]]) -> str:

@@ -44,7 +44,12 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
 
     Options (``configs/infer.yaml``): ``ckpt_path``, ``data``, ``split``, ``trajectories``,
     ``start``, ``steps``, ``batch_size``, ``jitter``, ``ensemble``, ``seed``, ``bf16``, ``save_predictions``,
-    ``plots``, ``progress``, ``out``, ``trainer``.
+    ``save_members``, ``plots``, ``progress``, ``out``, ``trainer``.
+
+    What is stored: ``predictions.hdf5`` holds one prediction per trajectory, the deterministic
+    rollout (``ensemble=1``) or an ensemble's mean with each field's spread beside it
+    (``<field>_spread``); ``save_members=true`` adds every member in ``members.hdf5``. The
+    ensemble scores (spread-skill ratio, CRPS, rank histograms) are in ``metrics.json`` either way.
 
     Returns:
         On global rank 0: ``{"metrics": <metrics.json content>, "files": [written paths],
@@ -52,6 +57,14 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
     """
     steps = positive_int(cfg, "steps", allow_null=True)
     start = positive_int(cfg, "start", minimum=0)
+    save_members = cfg.get("save_members", False)
+    if not isinstance(save_members, bool):
+        raise ValueError(f"option save_members must be true or false, got {save_members!r}")
+    if save_members and positive_int(cfg, "ensemble") < 2:
+        raise ValueError(
+            "option save_members=true needs ensemble=2 or more (one member is the "
+            "predictions.hdf5 of a plain rollout)"
+        )
     prep = prepare(cfg, n_steps_output=0)
     n_in, stride = prep.data["n_steps_input"], prep.data["time_stride"]
 
@@ -100,6 +113,7 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         prep,
         plans,
         keep_predictions=bool(cfg.save_predictions or cfg.plots),
+        keep_members=save_members,
         progress=bool(cfg.progress),
         job_steps=[plans[name].steps for name, _ in jobs],
     )
@@ -165,9 +179,18 @@ def _write_dataset_files(
     stride: int,
     notes: list[str],
 ) -> list[Path]:
-    """predictions.hdf5 and the plots of one dataset (vrmse.png, spectral.png, fidelity.png,
-    snapshots.png, rollout.gif or .mp4); appends to ``notes`` what was skipped."""
-    from walrus.viz import plot_error_curves, plot_fidelity, plot_snapshots, write_animation
+    """predictions.hdf5 (members.hdf5) and the plots of one dataset (vrmse.png, spectral.png,
+    fidelity.png, fidelity_fields.png, rank_histogram.png for an ensemble, snapshots.png,
+    rollout.gif or .mp4); appends to ``notes`` what was skipped."""
+    from walrus.metrics import ENSEMBLE
+    from walrus.viz import (
+        plot_error_curves,
+        plot_fidelity,
+        plot_fidelity_fields,
+        plot_rank_histogram,
+        plot_snapshots,
+        write_animation,
+    )
 
     name = ds.dataset
     entry = report["datasets"][name]
@@ -198,6 +221,29 @@ def _write_dataset_files(
                 )
         else:
             notes.append(f"{name}: no finite prediction to store; predictions.hdf5 not written")
+    member_preds = (
+        [module.member_predictions[(name, i)] for i in sel] if module.keep_members else []
+    )
+    member_done = min((p.shape[1] for p in member_preds), default=0)  # each (K, S_done, C, *sp)
+    if member_done >= 1:
+        k = module.members
+        files.append(
+            write_predictions(
+                out / "members.hdf5",
+                ds,
+                [p[m, :member_done] for p in member_preds for m in range(k)],
+                sel[0],
+                start + n_in,
+                stride,
+            )
+        )
+        entry["members"] = {
+            "file": "members.hdf5",
+            "trajectories": sel,
+            "members": k,
+            "steps": member_done,
+            "layout": "trajectory n * members + m of the file is member m of trajectories[n]",
+        }
     if not cfg.plots or not entry["metrics"]["steps"]:
         return files
     members = f", ensemble of {module.members}" if module.members > 1 else ""
@@ -208,6 +254,9 @@ def _write_dataset_files(
     files.append(plot_error_curves(entry["metrics"], out / "vrmse.png", "vrmse", title=about))
     files.append(plot_error_curves(entry["metrics"], out / "spectral.png", "spectral", title=about))
     files.append(plot_fidelity(entry["metrics"], out / "fidelity.png", title=about))
+    files.append(plot_fidelity_fields(entry["metrics"], out / "fidelity_fields.png", title=about))
+    if ENSEMBLE in entry["metrics"]:
+        files.append(plot_rank_histogram(entry["metrics"], out / "rank_histogram.png", title=about))
     pred = preds[0]  # (S_done, C, *sp) of the first selected trajectory
     if pred.shape[0] >= 1:
         truth = load_rollout_sample(

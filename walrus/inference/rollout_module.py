@@ -108,12 +108,14 @@ class RolloutModule(pl.LightningModule):
         normalizer: per-window normaliser (``RMSNormalizer()`` as in training by default).
         jitter_seed: ``None`` turns patch jitter off; an int makes it on and reproducible.
         members: ensemble size; more than one rolls out that many jittered copies of each
-            trajectory (needs ``jitter_seed``), scores their mean and keeps their spread.
+            trajectory (needs ``jitter_seed``), scores their mean and the ensemble
+            (``walrus.metrics.ensemble_scores``) and keeps their spread.
         cap_delta_unit: cap each step's delta unit at the true context's (``walrus.rollout``).
         jitter_average: jitter draws averaged at every step (``walrus.rollout``; needs
             ``jitter_seed`` when above 1).
         autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast.
         keep_predictions: keep every predicted frame (on the CPU) for ``predictions.hdf5``.
+        keep_members: also keep every member's frames (``members > 1``) for ``members.hdf5``.
         progress: show a progress bar of rollout steps (rank 0 only).
         job_steps: rollout steps of each job, in job order (sizes the progress bar).
 
@@ -122,6 +124,7 @@ class RolloutModule(pl.LightningModule):
         predictions: ``(dataset, trajectory)`` -> ``(S_done, C, *spatial)`` float32 array (the
             ensemble mean with ``members > 1``).
         spreads: like ``predictions``, the members' standard deviation (``members > 1`` only).
+        member_predictions: like ``predictions``, ``(K, S_done, C, *spatial)`` (``keep_members``).
         diverged: one record per batch that hit NaN/Inf: dataset, trajectories, step, fields.
     """
 
@@ -138,6 +141,7 @@ class RolloutModule(pl.LightningModule):
         jitter_average: int = 1,
         autocast_dtype: torch.dtype | None = None,
         keep_predictions: bool = True,
+        keep_members: bool = False,
         progress: bool = False,
         job_steps: Sequence[int] = (),
     ) -> None:
@@ -154,6 +158,7 @@ class RolloutModule(pl.LightningModule):
         self.jitter_average = jitter_average
         self.autocast_dtype = autocast_dtype
         self.keep_predictions = keep_predictions
+        self.keep_members = keep_members and members > 1
         self.progress = progress
         self.job_steps = list(job_steps)
         self._bar: Progress | None = None
@@ -165,8 +170,8 @@ class RolloutModule(pl.LightningModule):
         cls, prep: Prepared, plans: Mapping[str, DatasetPlan], **kwargs: Any
     ) -> RolloutModule:
         """The module for an inference command: model, normaliser, jitter, ensemble, delta cap
-        and autocast from ``prep``; ``kwargs`` (``keep_predictions``, ``progress``,
-        ``job_steps``) as for the constructor."""
+        and autocast from ``prep``; ``kwargs`` (``keep_predictions``, ``keep_members``,
+        ``progress``, ``job_steps``) as for the constructor."""
         return cls(
             prep.ckpt.model,
             plans,
@@ -182,15 +187,19 @@ class RolloutModule(pl.LightningModule):
 
     def _reset(self) -> None:
         self.metrics = {
-            name: RolloutMetrics(plan.field_names, plan.steps, device=self.device)
+            name: RolloutMetrics(
+                plan.field_names, plan.steps, device=self.device, members=self.members
+            )
             for name, plan in self.plans.items()
         }
         self.predictions: dict[tuple[str, int], np.ndarray] = {}
         self.spreads: dict[tuple[str, int], np.ndarray] = {}
+        self.member_predictions: dict[tuple[str, int], np.ndarray] = {}
         self.diverged: list[dict[str, Any]] = []
 
     def _rollout(self, batch: Batch, steps: int) -> Any:
-        """Yields ``(prediction, spread or None)`` per step, each ``(B, C, *sp)``."""
+        """Yields ``(prediction, spread, members)`` per step: ``(B, C, *sp)``, the same or
+        ``None``, and ``(K, B, C, *sp)`` or ``None`` (one member)."""
         kwargs = {
             "normalizer": self.normalizer,
             "predict_delta": self.predict_delta,
@@ -205,11 +214,12 @@ class RolloutModule(pl.LightningModule):
                 steps,
                 members=self.members,
                 jitter_seed=self.jitter_seed,
+                keep_members=True,
                 **kwargs,
             )
             return
         for pred in rollout(self.model, batch, steps, jitter_seed=self.jitter_seed, **kwargs):
-            yield pred, None
+            yield pred, None, None
 
     def _start(self, total: int | None) -> None:
         self.model.eval()
@@ -262,19 +272,29 @@ class RolloutModule(pl.LightningModule):
         last = batch.input_fields[:, -1]  # (B, C, *sp) persistence prediction
         frames: list[torch.Tensor] = []
         spreads: list[torch.Tensor] = []
+        member_frames: list[torch.Tensor] = []
         done = 0
         prev_pred, prev_truth = last, last  # (B, C, *sp) the frames before each step's
         try:
-            for step, (pred, spread) in enumerate(self._rollout(batch, steps), start=1):
+            for step, (pred, spread, members) in enumerate(self._rollout(batch, steps), start=1):
                 truth = batch.output_fields[:, step - 1]  # (B, C, *sp)
                 metrics.update(
-                    step, pred, truth, last, spread, prev_pred=prev_pred, prev_truth=prev_truth
+                    step,
+                    pred,
+                    truth,
+                    last,
+                    spread,
+                    members=members,
+                    prev_pred=prev_pred,
+                    prev_truth=prev_truth,
                 )
                 prev_pred, prev_truth = pred, truth
                 if self.keep_predictions:
                     frames.append(pred.float().cpu())  # (B, C, *sp)
                     if spread is not None:
                         spreads.append(spread.float().cpu())
+                if self.keep_members:
+                    member_frames.append(members.float().cpu())  # (K, B, C, *sp)
                 done = step
                 if self._bar is not None:
                     self._bar.advance(self._task)
@@ -293,17 +313,27 @@ class RolloutModule(pl.LightningModule):
                 self.predictions[(name, int(traj))] = stacked[b].numpy()
                 if spread_stack is not None:
                     self.spreads[(name, int(traj))] = spread_stack[b].numpy()
+        if self.keep_members:
+            member_stack = (
+                torch.stack(member_frames, dim=2)  # (K, B, S_done, C, *sp)
+                if member_frames
+                else torch.zeros(self.members, *batch.output_fields[:, :0].shape)
+            )
+            for b, traj in enumerate(batch.metadata["trajectory"].tolist()):
+                self.member_predictions[(name, int(traj))] = member_stack[:, b].numpy()
         return done
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         """Score the one-step prediction of each window against its target frame."""
         name = batch.metadata["dataset"]
         try:
-            pred, _ = next(iter(self._rollout(batch, 1)))  # (B, C, *sp)
+            pred, spread, members = next(iter(self._rollout(batch, 1)))  # (B, C, *sp)
         except RolloutDivergedError as err:
             self._record_divergence(batch, err)
             return
-        self.metrics[name].update(1, pred, batch.output_fields[:, 0], batch.input_fields[:, -1])
+        self.metrics[name].update(
+            1, pred, batch.output_fields[:, 0], batch.input_fields[:, -1], spread, members=members
+        )
 
     def gather(self) -> None:
         """Sum the metrics over all ranks and give every rank all predictions and divergences.
@@ -316,11 +346,12 @@ class RolloutModule(pl.LightningModule):
             self.metrics[name].all_reduce()
         gathered: list[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(
-            gathered, (self.predictions, self.spreads, self.diverged)
+            gathered, (self.predictions, self.spreads, self.member_predictions, self.diverged)
         )
-        self.predictions, self.spreads, self.diverged = {}, {}, []
-        for preds, spreads, diverged in gathered:
+        self.predictions, self.spreads, self.member_predictions, self.diverged = {}, {}, {}, []
+        for preds, spreads, member_preds, diverged in gathered:
             self.predictions.update(preds)
             self.spreads.update(spreads)
+            self.member_predictions.update(member_preds)
             self.diverged.extend(diverged)
         self.diverged.sort(key=lambda d: (d["dataset"], d["trajectories"]))
