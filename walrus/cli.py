@@ -18,7 +18,7 @@ from walrus.errors import (
     NonFiniteLossError,
     TrainingInterrupted,
 )
-from walrus.run_files import log_line
+from walrus.run_files import log_line, remove_new_empty_folders
 
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError)
 # Hydra's errors for a bad command line (misspelled key, unknown config, bad override syntax)
@@ -114,6 +114,14 @@ def run_cli(fn: Callable[[], Any]) -> Any:
 
 def run_hydra_main(main: Callable[[], Any]) -> Any:
     """Run a ``@hydra.main`` function; errors composing the config (a misspelled key, an
-    unknown config name) print as one ``error: ...`` line too, instead of Hydra's report."""
+    unknown config name) print as one ``error: ...`` line too, instead of Hydra's report.
+
+    A run that ends in an error leaves no empty folder: the run directory Hydra created for it
+    is removed if the run wrote nothing there (:func:`walrus.run_files.remove_new_empty_folders`).
+    """
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises; run_cli words it
-    return run_cli(main)
+    try:
+        return run_cli(main)
+    except BaseException:
+        remove_new_empty_folders()
+        raise

@@ -7,6 +7,7 @@ option, file or field at fault before any model compute starts.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,8 @@ from walrus.errors import reading
 from walrus.hub import open_checkpoint
 from walrus.model.compile import compile_mode, compile_model
 from walrus.model.config import MAX_SIZE
-from walrus.run_files import write_run_files
+from walrus.run_files import is_first_process, write_run_files
+from walrus.safe_paths import refuse_symlinks, result_folder_names
 
 # data config keys inference reads; the rest of a training data config is ignored
 DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride", "max_sample_bytes")
@@ -325,6 +327,8 @@ class Prepared:
     members: int = 1
     cap_delta_unit: bool = True
     jitter_average: int = 1
+    # dataset name -> the folder inside `out` for its results when several are rolled out
+    folders: dict[str, Path] = field(default_factory=dict)
 
     def settings(self) -> dict[str, Any]:
         """How the model was run, as both commands report it in ``metrics.json``."""
@@ -338,31 +342,53 @@ class Prepared:
         }
 
 
-# What Hydra itself writes into the run directory (`out`) before a command starts.
-HYDRA_RUN_FILES = frozenset({".hydra", "infer.log"})
-# What the inference commands write: replaced by `overwrite=true`.
+# The run's own files in `out` (walrus/run_files.py), written once the checks pass.
+LOG_NAME = "infer.log"
+HYDRA_FILES = frozenset({"config.yaml", "overrides.yaml", "hydra.yaml"})
+# Every file the inference commands write into `out` or a dataset's folder in it; `overwrite=true`
+# replaces these and nothing else.
 RESULT_FILES = frozenset(
-    {"metrics.json", "predictions.hdf5", "vrmse.png", "spectral.png", "snapshots.png",
-     "rollout.gif", "rollout.mp4"}
+    {"metrics.json", "predictions.hdf5", "vrmse.png", "spectral.png", "fidelity.png",
+     "snapshots.png", "rollout.gif", "rollout.mp4"}
 )  # fmt: skip
+# Names a dataset's result folder may not take: they are the run's own entries.
+RESERVED_NAMES = frozenset({LOG_NAME, ".hydra", *RESULT_FILES})
+
+
+def _written_by_a_command(p: Path) -> bool:
+    """Whether ``p``, an entry of ``out``, is one an inference command writes: a result file,
+    the log, ``.hydra/`` holding only its files, or a dataset's folder holding only results
+    (an empty folder is the user's). Nothing is followed through a symlink."""
+    mode = os.lstat(p).st_mode
+    if stat.S_ISREG(mode):
+        return p.name in RESULT_FILES or p.name == LOG_NAME
+    if not stat.S_ISDIR(mode):
+        return False
+    allowed = HYDRA_FILES if p.name == ".hydra" else RESULT_FILES
+    children = list(p.iterdir())
+    return bool(children) and all(
+        stat.S_ISREG(os.lstat(c).st_mode) and c.name in allowed for c in children
+    )
 
 
 def claim_out(out: Path, overwrite: Any) -> None:
     """Make sure results written to ``out`` cannot mix with an earlier run's.
 
-    ``out`` must not exist, be empty, or hold only Hydra's run files; with ``overwrite=true``
-    an earlier run's result files (and per-dataset folders holding only those) are removed
-    first. Other files are never deleted.
+    ``out`` must not exist or be empty; with ``overwrite=true`` an earlier run's files (its
+    results, per-dataset folders holding only results, ``.hydra/`` and ``infer.log``) are
+    removed first. Other files and folders, empty ones included, are never deleted, and an
+    entry that is a symlink is refused.
 
     Raises:
-        ValueError: ``overwrite`` is not a boolean, or ``out`` holds files and ``overwrite``
-            is false, or holds files that are not results of a command.
+        ValueError: ``overwrite`` is not a boolean, ``out`` holds a symlink, or holds files
+            and ``overwrite`` is false, or holds files that are not results of a command.
     """
     if not isinstance(overwrite, bool):
         raise ValueError(f"option overwrite must be true or false, got {overwrite!r}")
     if not out.is_dir():
         return
-    found = sorted(p for p in out.iterdir() if p.name not in HYDRA_RUN_FILES)
+    refuse_symlinks(out, what=f"out={out}")
+    found = sorted(out.iterdir())
     if not found:
         return
     names = ", ".join(p.name for p in found[:5]) + (", ..." if len(found) > 5 else "")
@@ -371,21 +397,19 @@ def claim_out(out: Path, overwrite: Any) -> None:
             f"out={out} already holds {names} (an earlier run?); pass a new out=DIR, or "
             "overwrite=true to replace its results"
         )
-
-    def is_result(p: Path) -> bool:
-        if p.is_dir() and not p.is_symlink():
-            return all(c.is_file() and c.name in RESULT_FILES for c in p.iterdir())
-        return p.is_file() and p.name in RESULT_FILES
-
-    foreign = [p.name for p in found if not is_result(p)]
+    foreign = [p.name for p in found if not _written_by_a_command(p)]
     if foreign:
         raise ValueError(
             f"out={out} holds {', '.join(foreign[:5])}, which no infer.py command wrote; "
             "overwrite=true replaces only earlier results: pass a new out=DIR"
         )
     for p in found:
-        for f in [*p.iterdir(), p] if p.is_dir() else [p]:
-            f.rmdir() if f.is_dir() else f.unlink()
+        if p.is_dir():
+            for child in p.iterdir():
+                child.unlink()
+            p.rmdir()
+        else:
+            p.unlink()
 
 
 def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
@@ -425,8 +449,16 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
     data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
     data = resolve_data_config(_plain(cfg.get("data")), ckpt, data_dir=data_dir)
     datasets = open_datasets(data, str(cfg.split), ckpt, n_steps_output=n_steps_output)
-    claim_out(out, cfg.get("overwrite", False))
-    write_run_files(cfg, out, "infer.log")  # checks passed: .hydra/ and the log into out
+    folders = result_folder_names(ds.dataset for ds in datasets)
+    clash = sorted(set(folders.values()) & RESERVED_NAMES) if len(datasets) > 1 else []
+    if clash:
+        raise ValueError(
+            f"dataset folder {clash[0]!r} would clash with the run's own {clash[0]} in out=; "
+            "roll that dataset out on its own"
+        )
+    if is_first_process():  # other ranks start once the first has written its run files
+        claim_out(out, cfg.get("overwrite", False))
+    write_run_files(cfg, out, LOG_NAME)  # checks passed: .hydra/ and the log into out
     return Prepared(
         ckpt=ckpt,
         data=data,
@@ -438,4 +470,5 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
         members=members,
         cap_delta_unit=bool(cfg.get("cap_delta_unit", True)),
         jitter_average=draws,
+        folders={name: out / folder for name, folder in folders.items()},
     )

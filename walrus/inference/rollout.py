@@ -25,6 +25,7 @@ from walrus.inference.rollout_module import (
     RolloutModule,
     make_jobs,
 )
+from walrus.safe_paths import make_dirs
 
 
 def load_rollout_sample(
@@ -135,13 +136,13 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
             "trajectories": selected[name],
             "steps": plans[name].steps,
             "diverged": [d for d in module.diverged if d["dataset"] == name],
-            "files_dir": str(prep.out / name if many else prep.out),
+            "files_dir": str(prep.folders[name] if many else prep.out),
             "metrics": module.metrics[name].to_dict(),
         }
     files = [write_json_atomic(prep.out / "metrics.json", report)]
     for ds in prep.datasets:
         files += _write_dataset_files(
-            cfg, ds, module, report, selected[ds.dataset], start, n_in, stride, notes
+            cfg, ds, module, report, selected[ds.dataset], start, n_in, stride, notes, prep.out
         )
     if notes:
         write_json_atomic(prep.out / "metrics.json", report)
@@ -164,9 +165,11 @@ def _write_dataset_files(
     n_in: int,
     stride: int,
     notes: list[str],
+    top: Path,
 ) -> list[Path]:
     """predictions.hdf5 and the plots of one dataset (vrmse.png, spectral.png, fidelity.png,
-    snapshots.png, rollout.gif or .mp4); appends to ``notes`` what was skipped."""
+    snapshots.png, rollout.gif or .mp4) in ``top`` or its folder there; appends to ``notes``
+    what was skipped."""
     from walrus.viz import plot_error_curves, plot_fidelity, plot_snapshots, write_animation
 
     name = ds.dataset
@@ -177,6 +180,9 @@ def _write_dataset_files(
     done = min((p.shape[0] for p in preds), default=0)
     spreads = [module.spreads.get((name, i)) for i in sel] if module.members > 1 else []
     spreads = spreads if spreads and all(sp is not None for sp in spreads) else None
+    writes = (cfg.save_predictions and done >= 1) or (cfg.plots and entry["metrics"]["steps"])
+    if out != top and writes:
+        make_dirs(top, out.name)  # a real folder inside out=, never through a planted link
     if cfg.save_predictions:
         if done >= 1:
             files.append(
