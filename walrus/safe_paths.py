@@ -94,8 +94,8 @@ def refuse_symlinks(folder: Path, names: Iterable[str] | None = None, *, what: s
     links = sorted(p.name for p in entries if is_symlink(p))
     if links:
         raise ValueError(
-            f"{what} holds {', '.join(links[:5])}, a symbolic link this run did not create "
-            "(results are never written through a link); remove it or pick a new folder"
+            f"{what} holds symbolic links this run did not create: {', '.join(links[:5])} "
+            "(nothing is written through a link); remove them or pick a new folder"
         )
 
 
