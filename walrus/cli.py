@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from walrus.errors import (
     RESOURCE_ERRORS,
+    CommandInterrupted,
     DiskFullError,
     NonFiniteLossError,
     TrainingInterrupted,
@@ -68,7 +69,8 @@ def _short_path(name: object, limit: int = 200) -> str:
 def run_cli(fn: Callable[[], Any]) -> Any:
     """Run ``fn``; on a user error print ``error: ...`` and exit with status 2.
 
-    Training stopped by SIGTERM (checkpoint saved) exits with status 143 instead. A
+    Training stopped by SIGTERM (checkpoint saved) exits with status 143 instead, an
+    inference command stopped by SIGTERM or SIGINT with 143 or 130. A
     ``MemoryError``, ``RecursionError`` or ``OverflowError`` that no check caught becomes one
     line naming the input being read (see :func:`walrus.errors.reading`); an ``OSError`` about
     a file (a path too long, an I/O error) names the file.
@@ -79,7 +81,7 @@ def run_cli(fn: Callable[[], Any]) -> Any:
         warnings.filterwarnings("ignore", message=pattern)
     try:
         return fn()
-    except TrainingInterrupted as e:
+    except (TrainingInterrupted, CommandInterrupted) as e:
         log_line(f"error: {e}")
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_status)

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from walrus.data.batch import Batch
 from walrus.data.well_dataset import WellDataset
+from walrus.errors import CommandInterrupted
 from walrus.inference.loading import build_trainer, positive_int, prepare, select_trajectories
 from walrus.inference.report import format_rollout_table, write_json_atomic, write_predictions
 from walrus.inference.rollout_module import (
@@ -26,6 +27,7 @@ from walrus.inference.rollout_module import (
     make_jobs,
 )
 from walrus.safe_paths import make_dirs
+from walrus.signals import check_stop
 
 
 def load_rollout_sample(
@@ -53,37 +55,11 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
     """
     steps = positive_int(cfg, "steps", allow_null=True)
     start = positive_int(cfg, "start", minimum=0)
-    prep = prepare(cfg, n_steps_output=0)
+    prep = prepare(
+        cfg, n_steps_output=0, plan=partial(_plan, cfg.trajectories, steps=steps, start=start)
+    )
     n_in, stride = prep.data["n_steps_input"], prep.data["time_stride"]
-
-    plans: dict[str, DatasetPlan] = {}
-    selected: dict[str, list[int]] = {}
-    notes: list[str] = []
-    for ds in prep.datasets:
-        sel = select_trajectories(cfg.trajectories, ds.n_trajectories, ds.dataset)
-        lengths = {i: ds.frames_available(i, stride) for i in sel}
-        shortest = min(sel, key=lambda i: lengths[i])
-        avail = lengths[shortest] - start - n_in
-        if avail < 1:
-            fix = (
-                f"lower start (at most {lengths[shortest] - n_in - 1})"
-                if lengths[shortest] > n_in
-                else "pick longer trajectories or a smaller data.time_stride"
-            )
-            raise ValueError(
-                f"dataset {ds.dataset!r}: trajectory {shortest} has {lengths[shortest]} frames at "
-                f"time stride {stride}; start={start} plus {n_in} context frames leaves nothing "
-                f"to predict; {fix}"
-            )
-        n_steps = avail if steps is None else min(steps, avail)
-        if steps is not None and steps > avail:
-            notes.append(
-                f"{ds.dataset}: asked for {steps} steps, but the ground truth ends after {avail} "
-                f"(trajectory {shortest} has {lengths[shortest]} frames, start={start}, {n_in} "
-                f"context frames); rolled out {avail} steps"
-            )
-        plans[ds.dataset] = DatasetPlan(ds.dataset, tuple(ds.field_names), n_steps)
-        selected[ds.dataset] = sel
+    plans, selected, notes = prep.plan
 
     jobs = make_jobs(selected, prep.batch_size)
     loaders = {
@@ -105,9 +81,15 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         job_steps=[plans[name].steps for name, _ in jobs],
     )
     trainer = build_trainer(cfg)
-    trainer.predict(
-        module, datamodule=JobDataModule(JobDataset(jobs, loaders)), return_predictions=False
-    )
+    try:
+        trainer.predict(
+            module, datamodule=JobDataModule(JobDataset(jobs, loaders)), return_predictions=False
+        )
+    except CommandInterrupted as e:  # within one model call of the signal
+        raise CommandInterrupted(e.signum, f"rollout wrote no result file to {prep.out}") from None
+    finally:
+        module.on_predict_end()  # the progress bar
+    check_stop(f"rollout wrote no result file to {prep.out}")
     module.gather()
     if not trainer.is_global_zero:
         return {}
@@ -152,7 +134,53 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         if entry["metrics"]["steps"]:
             print(format_rollout_table(name, entry["metrics"]))
     print(f"wrote {', '.join(str(f) for f in files)}")
+    check_stop(f"after writing the results to {prep.out} (every file listed is complete)")
     return {"metrics": report, "files": files, "notes": notes}
+
+
+def _plan(
+    trajectories: Any,
+    data: dict[str, Any],
+    datasets: list[WellDataset],
+    *,
+    steps: int | None,
+    start: int,
+) -> tuple[dict[str, DatasetPlan], dict[str, list[int]], list[str]]:
+    """The trajectories and steps of each dataset, checked before anything is written.
+
+    Returns:
+        ``(plans, selected trajectories, notes)``, each by dataset name (notes: a list).
+    """
+    n_in, stride = data["n_steps_input"], data["time_stride"]
+    plans: dict[str, DatasetPlan] = {}
+    selected: dict[str, list[int]] = {}
+    notes: list[str] = []
+    for ds in datasets:
+        sel = select_trajectories(trajectories, ds.n_trajectories, ds.dataset)
+        lengths = {i: ds.frames_available(i, stride) for i in sel}
+        shortest = min(sel, key=lambda i: lengths[i])
+        avail = lengths[shortest] - start - n_in
+        if avail < 1:
+            fix = (
+                f"lower start (at most {lengths[shortest] - n_in - 1})"
+                if lengths[shortest] > n_in
+                else "pick longer trajectories or a smaller data.time_stride"
+            )
+            raise ValueError(
+                f"dataset {ds.dataset!r}: trajectory {shortest} has {lengths[shortest]} frames at "
+                f"time stride {stride}; start={start} plus {n_in} context frames leaves nothing "
+                f"to predict; {fix}"
+            )
+        n_steps = avail if steps is None else min(steps, avail)
+        if steps is not None and steps > avail:
+            notes.append(
+                f"{ds.dataset}: asked for {steps} steps, but the ground truth ends after {avail} "
+                f"(trajectory {shortest} has {lengths[shortest]} frames, start={start}, {n_in} "
+                f"context frames); rolled out {avail} steps"
+            )
+        plans[ds.dataset] = DatasetPlan(ds.dataset, tuple(ds.field_names), n_steps)
+        selected[ds.dataset] = sel
+    return plans, selected, notes
 
 
 def _write_dataset_files(
