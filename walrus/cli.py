@@ -118,12 +118,12 @@ def run_hydra_main(main: Callable[[], Any]) -> Any:
     """Run a ``@hydra.main`` function; errors composing the config (a misspelled key, an
     unknown config name) print as one ``error: ...`` line too, instead of Hydra's report.
 
-    A run that ends in an error leaves no empty folder: the run directory Hydra created for it
-    is removed if the run wrote nothing there (:func:`walrus.run_files.remove_new_empty_folders`).
+    A run leaves no empty folder: the run directory Hydra created for it is removed if the run
+    wrote nothing there, e.g. when it was refused
+    (:func:`walrus.run_files.remove_new_empty_folders`).
     """
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises; run_cli words it
     try:
         return run_cli(main)
-    except BaseException:
+    finally:  # Hydra's run folder, if the run wrote nothing there (refused, or another out)
         remove_new_empty_folders()
-        raise
