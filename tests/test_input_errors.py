@@ -59,13 +59,14 @@ def test_a_second_rollout_into_one_out_is_refused_unless_overwrite(toy, tmp_path
     fast = ["plots=false", "steps=2", "trajectories=0"]
     run(compose_infer([*base_overrides(toy, out), *fast]))
     first = sorted(p.name for p in out.iterdir())
-    (out / ".hydra").mkdir()  # Hydra's own files do not count
+    (out / ".hydra").mkdir()  # an earlier run's own files count as its results
+    (out / ".hydra" / "config.yaml").write_text("earlier")
     with pytest.raises(
-        ValueError, match=r"already holds metrics\.json, predictions\.hdf5.*overwrite=true"
+        ValueError, match=r"already holds \.hydra, metrics\.json, predictions\.hdf5.*overwrite=true"
     ):
         run(compose_infer([*base_overrides(toy, out), *fast]))
     run(compose_infer([*base_overrides(toy, out, "evaluate"), "overwrite=true", "max_windows=2"]))
-    assert sorted(p.name for p in out.iterdir()) == [".hydra", "metrics.json"]  # no mixing
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]  # no mixing
     assert first == ["metrics.json", "predictions.hdf5"]
     (out / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="holds notes.txt, which no infer.py command wrote"):

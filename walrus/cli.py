@@ -14,11 +14,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from walrus.errors import (
     RESOURCE_ERRORS,
+    CommandInterrupted,
     DiskFullError,
     NonFiniteLossError,
     TrainingInterrupted,
 )
-from walrus.run_files import log_line
+from walrus.run_files import log_line, remove_new_empty_folders
 
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError)
 # Hydra's errors for a bad command line (misspelled key, unknown config, bad override syntax)
@@ -68,7 +69,8 @@ def _short_path(name: object, limit: int = 200) -> str:
 def run_cli(fn: Callable[[], Any]) -> Any:
     """Run ``fn``; on a user error print ``error: ...`` and exit with status 2.
 
-    Training stopped by SIGTERM (checkpoint saved) exits with status 143 instead. A
+    Training stopped by SIGTERM (checkpoint saved) exits with status 143 instead, an
+    inference command stopped by SIGTERM or SIGINT with 143 or 130. A
     ``MemoryError``, ``RecursionError`` or ``OverflowError`` that no check caught becomes one
     line naming the input being read (see :func:`walrus.errors.reading`); an ``OSError`` about
     a file (a path too long, an I/O error) names the file.
@@ -79,7 +81,7 @@ def run_cli(fn: Callable[[], Any]) -> Any:
         warnings.filterwarnings("ignore", message=pattern)
     try:
         return fn()
-    except TrainingInterrupted as e:
+    except (TrainingInterrupted, CommandInterrupted) as e:
         log_line(f"error: {e}")
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_status)
@@ -114,6 +116,14 @@ def run_cli(fn: Callable[[], Any]) -> Any:
 
 def run_hydra_main(main: Callable[[], Any]) -> Any:
     """Run a ``@hydra.main`` function; errors composing the config (a misspelled key, an
-    unknown config name) print as one ``error: ...`` line too, instead of Hydra's report."""
+    unknown config name) print as one ``error: ...`` line too, instead of Hydra's report.
+
+    A run leaves no empty folder: the run directory Hydra created for it is removed if the run
+    wrote nothing there, e.g. when it was refused
+    (:func:`walrus.run_files.remove_new_empty_folders`).
+    """
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises; run_cli words it
-    return run_cli(main)
+    try:
+        return run_cli(main)
+    finally:  # Hydra's run folder, if the run wrote nothing there (refused, or another out)
+        remove_new_empty_folders()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import signal
 from collections.abc import Iterator, Sequence
 
 
@@ -42,6 +43,22 @@ class TrainingInterrupted(RuntimeError):
             f"training stopped by SIGTERM at step {step}; saved {checkpoint}; resume with "
             f"ckpt_path={checkpoint}"
         )
+
+
+class CommandInterrupted(RuntimeError):
+    """An inference command stopped on SIGTERM or SIGINT (see ``walrus.signals``);
+    ``walrus.cli`` exits with ``exit_status``, 128 + the signal number (143, 130).
+
+    Attributes:
+        signum: the signal received.
+        exit_status: what a shell reports for a process the signal ended.
+    """
+
+    def __init__(self, signum: int, what: str = "") -> None:
+        self.signum = int(signum)
+        self.exit_status = 128 + self.signum
+        name = signal.Signals(self.signum).name
+        super().__init__(f"stopped by {name}" + (f": {what}" if what else ""))
 
 
 class DiskFullError(OSError):

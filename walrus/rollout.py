@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from walrus.data.batch import Batch
 from walrus.data.normalization import Normalizer, RMSNormalizer
 from walrus.errors import RolloutDivergedError
+from walrus.signals import check_stop
 
 if TYPE_CHECKING:
     from walrus.inference.loading import InferenceCheckpoint
@@ -99,8 +100,10 @@ def predict_next(
         stats.delta_scale = torch.minimum(stats.delta_scale, max_delta_scale)
     x = stats.normalize(window)  # (B, T, C, *spatial)
     out = model(x, field_ids, bcs, jitter_seed=jitter_seed)
+    check_stop()  # a command's SIGTERM/SIGINT stops it within one model call
     for k in range(1, draws):  # the mean over jitter draws
         out = out + model(x, field_ids, bcs, jitter_seed=jitter_seed + k * DRAW_SEED_STRIDE)
+        check_stop()
     if draws > 1:
         out = out / draws
     if (

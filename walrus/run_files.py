@@ -5,7 +5,14 @@ file handler; see ``configs/hydra/default.yaml``), so a refused run leaves an ea
 folder as it was. :func:`write_run_files` then writes what Hydra used to: ``.hydra/config.yaml``,
 ``.hydra/overrides.yaml``, ``.hydra/hydra.yaml``, and opens the run's log file, which records
 every log record at INFO and above and every complete line the run prints on stdout (tables,
-notes, the progress line), without terminal-only updates (``\\r`` redraws, colours).
+notes, the progress line), without terminal-only updates (``\\r`` redraws, colours). Both go
+through :mod:`walrus.safe_paths`: a ``.hydra`` or log planted as a symlink is refused, never
+written through.
+
+Hydra itself creates the run directory before the command starts. :class:`NewFolders` (a Hydra
+callback, ``configs/hydra/default.yaml``) notes which folders of it did not exist yet, and
+:func:`remove_new_empty_folders` removes those still empty when a run is refused, so a refused
+run leaves no empty folder behind.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from walrus.atomic import write_text_atomic
+from walrus.safe_paths import make_dirs, open_append
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
@@ -49,7 +58,7 @@ class _RunLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the whole run)
+        self.file = open_append(path)  # for the whole run; never through a planted symlink
         self.handler = logging.StreamHandler(self.file)
         self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
         self.handler.setLevel(logging.INFO)
@@ -84,7 +93,7 @@ def log_line(message: str) -> None:
         _ACTIVE.file.flush()
 
 
-def _is_first_process() -> bool:
+def is_first_process() -> bool:
     """Whether this is the launching process (not a relaunched DDP rank)."""
     return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("LOCAL_RANK", "NODE_RANK"))
 
@@ -106,9 +115,8 @@ def write_run_files(cfg: DictConfig, out_dir: str | os.PathLike, log_name: str) 
         return
     out = Path(out_dir)
     hydra_cfg = HydraConfig.get()
-    if _is_first_process():
-        sub = out / ".hydra"
-        sub.mkdir(parents=True, exist_ok=True)
+    if is_first_process():
+        sub = make_dirs(out, ".hydra")  # a real folder, never a planted symlink
         write_text_atomic(sub / "config.yaml", OmegaConf.to_yaml(cfg))
         overrides = OmegaConf.to_container(hydra_cfg.overrides.task)
         write_text_atomic(sub / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(overrides)))
@@ -116,5 +124,51 @@ def write_run_files(cfg: DictConfig, out_dir: str | os.PathLike, log_name: str) 
             sub / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg}))
         )
     close_run_log()
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     _ACTIVE = _RunLog(out / log_name)
+
+
+_NEW_FOLDERS: list[Path] = []  # folders Hydra creates for this command, deepest first
+_JOB_DIR: list[Path] = []  # the job's run directory (below a sweep's folder in a multirun)
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist, deepest first."""
+    missing = []
+    for folder in [path, *path.parents]:
+        if os.path.lexists(folder):
+            break
+        missing.append(folder)
+    return missing
+
+
+class NewFolders(Callback):
+    """Hydra callback: notes the folders of the run (or sweep) directory that Hydra is about
+    to create, for :func:`remove_new_empty_folders`."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _NEW_FOLDERS[:] = _missing_folders(Path(str(config.hydra.run.dir)).absolute())
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _NEW_FOLDERS[:] = _missing_folders(Path(str(config.hydra.sweep.dir)).absolute())
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _JOB_DIR[:] = [Path(str(config.hydra.runtime.output_dir))]
+
+
+def remove_new_empty_folders() -> None:
+    """Remove the folders Hydra created for this command that are still empty (a refused
+    run), from the job's run directory up; a folder holding anything is kept, and so are all
+    above it. Folders that existed before the command are never removed."""
+    close_run_log()
+    if _NEW_FOLDERS:
+        top = _NEW_FOLDERS[-1]
+        folder = _JOB_DIR[0] if _JOB_DIR else _NEW_FOLDERS[0]
+        while folder == top or top in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the run wrote something), or gone
+                break
+            folder = folder.parent
+    _NEW_FOLDERS.clear()
+    _JOB_DIR.clear()

@@ -35,6 +35,7 @@ from walrus.data.normalization import MeanStdNormalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.model.config import WalrusConfig
 from walrus.model.walrus import Walrus
+from walrus.safe_paths import is_symlink
 
 log = logging.getLogger(__name__)
 
@@ -313,8 +314,8 @@ def load_official(
 
 
 def check_output(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse an output that is a directory, the input file itself, or exists (unless
-    ``overwrite``), before anything is read.
+    """Refuse an output that is a directory, the input file itself, a symlink (see
+    :mod:`walrus.safe_paths`), or exists (unless ``overwrite``), before anything is read.
 
     Raises:
         ValueError: naming ``out`` and what is wrong with it.
@@ -325,12 +326,16 @@ def check_output(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool
             f"output {out} is a directory; give the walrus checkpoint's file name, e.g. "
             f"{out / 'walrus.ckpt'}"
         )
-    if not out.exists():
+    if not os.path.lexists(out):
         return
-    if Path(src).exists() and os.path.samefile(src, out):  # also through a symlink or hard link
+    if out.exists() and Path(src).exists() and os.path.samefile(src, out):  # also via links
         raise ValueError(
             f"output {out} is the input file {src}; converting writes a new file: give another "
             "output name"
+        )
+    if is_symlink(out):  # planted or not, a link is neither followed nor silently replaced
+        raise ValueError(
+            f"output {out} is a symbolic link; give the path of the file to write itself"
         )
     if not overwrite:
         raise ValueError(f"output {out} exists; pass --overwrite to replace it")

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from walrus.cli import quiet_lightning
 from walrus.inference.evaluate import run_evaluate
 from walrus.inference.rollout import run_rollout
+from walrus.signals import stop_on_signals
 
 COMMANDS = ("rollout", "evaluate")
 COMMAND_HELP = {
@@ -162,7 +163,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             f"give a command: python infer.py {{{'|'.join(COMMANDS)}}} ckpt_path=PATH [options]"
             + ("" if command is None else f" (got command={command!r})")
         )
-    return run_rollout(cfg) if command == "rollout" else run_evaluate(cfg)
+    with stop_on_signals():  # SIGTERM/SIGINT stop it within one model call (exit 143/130)
+        return run_rollout(cfg) if command == "rollout" else run_evaluate(cfg)
 
 
 __all__ = [

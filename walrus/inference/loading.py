@@ -7,7 +7,8 @@ option, file or field at fault before any model compute starts.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ from walrus.errors import reading
 from walrus.hub import open_checkpoint
 from walrus.model.compile import compile_mode, compile_model
 from walrus.model.config import MAX_SIZE
-from walrus.run_files import write_run_files
+from walrus.run_files import is_first_process, write_run_files
+from walrus.safe_paths import refuse_symlinks, result_folder_names
+from walrus.signals import check_stop
 
 # data config keys inference reads; the rest of a training data config is ignored
 DATA_KEYS = ("root", "datasets", "n_steps_input", "time_stride", "max_sample_bytes")
@@ -38,6 +41,12 @@ DEFAULT_SEED = 0
 # Jitter draws averaged per rollout step by default when a patch model's rollout jitters
 # (infer.py jitter_average=null); chosen on validation rollouts (README "Rollout fidelity").
 DEFAULT_JITTER_AVERAGE = 4
+# Bounds of the counts that multiply the work of every rollout step (docs/guide/inference.md).
+MAX_ENSEMBLE = 1024
+MAX_JITTER_AVERAGE = 1024
+_RUNS_PER_STEP = " (each runs the model once more at every step)"
+# Trajectories of one dataset a rollout takes with trajectories=all; pick more by index.
+MAX_ROLLOUT_TRAJECTORIES = 100_000
 
 
 @dataclass
@@ -192,13 +201,15 @@ def resolve_data_config(
     data.setdefault("n_steps_input", 4)
     data.setdefault("time_stride", 1)
     stride = data["time_stride"]
-    data["time_stride"] = int(stride if isinstance(stride, int) else list(stride)[0])
-    if int(data["n_steps_input"]) < 1 or data["time_stride"] < 1:
-        raise ValueError(
-            f"data.n_steps_input and data.time_stride must be >= 1, got "
-            f"{data['n_steps_input']} and {data['time_stride']}"
-        )
-    data["n_steps_input"] = int(data["n_steps_input"])
+    if isinstance(stride, Sequence) and not isinstance(stride, str) and len(stride) == 2:
+        stride = stride[0]  # a training (lo, hi) range: inference uses lo
+    for key, value in (("n_steps_input", data["n_steps_input"]), ("time_stride", stride)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            pair = " (or a [lo, hi] pair of them)" if key == "time_stride" else ""
+            raise ValueError(
+                f"option data.{key} must be an integer >= 1{pair}, got {str(value)[:50]!r}"
+            )
+    data["time_stride"] = stride
     return data
 
 
@@ -257,15 +268,25 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def positive_int(cfg: DictConfig, key: str, *, allow_null: bool = False, minimum: int = 1) -> int:
-    """``cfg[key]`` as an int >= ``minimum`` (``None`` passes when ``allow_null``)."""
+def positive_int(
+    cfg: DictConfig,
+    key: str,
+    *,
+    allow_null: bool = False,
+    minimum: int = 1,
+    maximum: int = MAX_SIZE,
+    why: str = "",
+) -> int:
+    """``cfg[key]`` as an int in ``[minimum, maximum]`` (``None`` passes when ``allow_null``);
+    ``why`` explains the maximum in the message."""
     value = cfg.get(key)
     if value is None and allow_null:
         return value
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"option {key} must be an integer >= {minimum}, got {value!r}")
-    if value > MAX_SIZE:  # past what tensors can index
-        raise ValueError(f"option {key} must be at most {MAX_SIZE}, got {str(value)[:20]}...")
+    if value > maximum:  # MAX_SIZE: past what tensors can index
+        shown = str(value) if len(str(value)) <= 20 else f"{str(value)[:20]}..."
+        raise ValueError(f"option {key} must be at most {maximum}{why}, got {shown}")
     return value
 
 
@@ -273,6 +294,12 @@ def select_trajectories(selection: Any, n_trajectories: int, dataset: str) -> li
     """Trajectory indices from ``all``, one index or a list of them, checked against the split."""
     selection = _plain(selection)
     if selection == "all":
+        if n_trajectories > MAX_ROLLOUT_TRAJECTORIES:
+            raise ValueError(
+                f"dataset {dataset!r} holds {n_trajectories} trajectories in this split; "
+                f"trajectories=all takes at most {MAX_ROLLOUT_TRAJECTORIES}: pick some with "
+                "trajectories=[i, j, ...]"
+            )
         return list(range(n_trajectories))
     items = [selection] if isinstance(selection, int) else selection
     if (
@@ -325,6 +352,10 @@ class Prepared:
     members: int = 1
     cap_delta_unit: bool = True
     jitter_average: int = 1
+    # dataset name -> the folder inside `out` for its results when several are rolled out
+    folders: dict[str, Path] = field(default_factory=dict)
+    # what the command's `plan` returned (see `prepare`)
+    plan: Any = None
 
     def settings(self) -> dict[str, Any]:
         """How the model was run, as both commands report it in ``metrics.json``."""
@@ -338,32 +369,54 @@ class Prepared:
         }
 
 
-# What Hydra itself writes into the run directory (`out`) before a command starts.
-HYDRA_RUN_FILES = frozenset({".hydra", "infer.log"})
-# What the inference commands write: replaced by `overwrite=true`.
+# The run's own files in `out` (walrus/run_files.py), written once the checks pass.
+LOG_NAME = "infer.log"
+HYDRA_FILES = frozenset({"config.yaml", "overrides.yaml", "hydra.yaml"})
+# Every file the inference commands write into `out` or a dataset's folder in it; `overwrite=true`
+# replaces these and nothing else.
 RESULT_FILES = frozenset(
     {"metrics.json", "predictions.hdf5", "members.hdf5", "vrmse.png", "spectral.png",
      "fidelity.png", "fidelity_fields.png", "rank_histogram.png", "snapshots.png", "rollout.gif",
      "rollout.mp4"}
 )  # fmt: skip
+# Names a dataset's result folder may not take: they are the run's own entries.
+RESERVED_NAMES = frozenset({LOG_NAME, ".hydra", *RESULT_FILES})
+
+
+def _written_by_a_command(p: Path) -> bool:
+    """Whether ``p``, an entry of ``out``, is one an inference command writes: a result file,
+    the log, ``.hydra/`` holding only its files, or a dataset's folder holding only results
+    (an empty folder is the user's). Nothing is followed through a symlink."""
+    mode = os.lstat(p).st_mode
+    if stat.S_ISREG(mode):
+        return p.name in RESULT_FILES or p.name == LOG_NAME
+    if not stat.S_ISDIR(mode):
+        return False
+    allowed = HYDRA_FILES if p.name == ".hydra" else RESULT_FILES
+    children = list(p.iterdir())
+    return bool(children) and all(
+        stat.S_ISREG(os.lstat(c).st_mode) and c.name in allowed for c in children
+    )
 
 
 def claim_out(out: Path, overwrite: Any) -> None:
     """Make sure results written to ``out`` cannot mix with an earlier run's.
 
-    ``out`` must not exist, be empty, or hold only Hydra's run files; with ``overwrite=true``
-    an earlier run's result files (and per-dataset folders holding only those) are removed
-    first. Other files are never deleted.
+    ``out`` must not exist or be empty; with ``overwrite=true`` an earlier run's files (its
+    results, per-dataset folders holding only results, ``.hydra/`` and ``infer.log``) are
+    removed first. Other files and folders, empty ones included, are never deleted, and an
+    entry that is a symlink is refused.
 
     Raises:
-        ValueError: ``overwrite`` is not a boolean, or ``out`` holds files and ``overwrite``
-            is false, or holds files that are not results of a command.
+        ValueError: ``overwrite`` is not a boolean, ``out`` holds a symlink, or holds files
+            and ``overwrite`` is false, or holds files that are not results of a command.
     """
     if not isinstance(overwrite, bool):
         raise ValueError(f"option overwrite must be true or false, got {overwrite!r}")
     if not out.is_dir():
         return
-    found = sorted(p for p in out.iterdir() if p.name not in HYDRA_RUN_FILES)
+    refuse_symlinks(out, what=f"out={out}")
+    found = sorted(out.iterdir())
     if not found:
         return
     names = ", ".join(p.name for p in found[:5]) + (", ..." if len(found) > 5 else "")
@@ -372,33 +425,46 @@ def claim_out(out: Path, overwrite: Any) -> None:
             f"out={out} already holds {names} (an earlier run?); pass a new out=DIR, or "
             "overwrite=true to replace its results"
         )
-
-    def is_result(p: Path) -> bool:
-        if p.is_dir() and not p.is_symlink():
-            return all(c.is_file() and c.name in RESULT_FILES for c in p.iterdir())
-        return p.is_file() and p.name in RESULT_FILES
-
-    foreign = [p.name for p in found if not is_result(p)]
+    foreign = [p.name for p in found if not _written_by_a_command(p)]
     if foreign:
         raise ValueError(
             f"out={out} holds {', '.join(foreign[:5])}, which no infer.py command wrote; "
             "overwrite=true replaces only earlier results: pass a new out=DIR"
         )
     for p in found:
-        for f in [*p.iterdir(), p] if p.is_dir() else [p]:
-            f.rmdir() if f.is_dir() else f.unlink()
+        if p.is_dir():
+            for child in p.iterdir():
+                child.unlink()
+            p.rmdir()
+        else:
+            p.unlink()
 
 
-def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
-    """Check the options shared by every command, load the checkpoint and open the data."""
+def prepare(
+    cfg: DictConfig,
+    n_steps_output: int,
+    plan: Callable[[dict[str, Any], list[WellDataset]], Any] | None = None,
+) -> Prepared:
+    """Check the options shared by every command, load the checkpoint and open the data.
+
+    ``plan(data, datasets)`` (the command's own checks of the opened data, e.g. the selected
+    trajectories) runs before anything is written; its result is ``Prepared.plan``. A refused
+    run thus writes nothing, not even ``.hydra/`` or the log.
+    """
     ckpt_path = require(cfg, "ckpt_path", "pass ckpt_path=PATH/TO/checkpoints/last.ckpt")
     out = Path(str(require(cfg, "out", "pass out=DIR for the result files")))
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"option out={out} is a file, expected a directory")
     batch_size = positive_int(cfg, "batch_size")
     seed = positive_int(cfg, "seed", minimum=0)
-    members = positive_int(cfg, "ensemble") if "ensemble" in cfg else 1
-    draws = positive_int(cfg, "jitter_average", allow_null=True)
+    members = (
+        positive_int(cfg, "ensemble", maximum=MAX_ENSEMBLE, why=_RUNS_PER_STEP)
+        if "ensemble" in cfg
+        else 1
+    )
+    draws = positive_int(
+        cfg, "jitter_average", allow_null=True, maximum=MAX_JITTER_AVERAGE, why=_RUNS_PER_STEP
+    )
     for key in ("bf16", "cap_delta_unit"):
         if not isinstance(cfg.get(key, True), bool):
             raise ValueError(f"option {key} must be true or false, got {cfg.get(key)!r}")
@@ -426,8 +492,18 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
     data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
     data = resolve_data_config(_plain(cfg.get("data")), ckpt, data_dir=data_dir)
     datasets = open_datasets(data, str(cfg.split), ckpt, n_steps_output=n_steps_output)
-    claim_out(out, cfg.get("overwrite", False))
-    write_run_files(cfg, out, "infer.log")  # checks passed: .hydra/ and the log into out
+    folders = result_folder_names(ds.dataset for ds in datasets)
+    clash = sorted(set(folders.values()) & RESERVED_NAMES) if len(datasets) > 1 else []
+    if clash:
+        raise ValueError(
+            f"dataset folder {clash[0]!r} would clash with the run's own {clash[0]} in out=; "
+            "roll that dataset out on its own"
+        )
+    planned = plan(data, datasets) if plan is not None else None
+    check_stop("infer.py wrote nothing")  # a signal while loading: nothing written yet
+    if is_first_process():  # other ranks start once the first has written its run files
+        claim_out(out, cfg.get("overwrite", False))
+    write_run_files(cfg, out, LOG_NAME)  # checks passed: .hydra/ and the log into out
     return Prepared(
         ckpt=ckpt,
         data=data,
@@ -439,4 +515,6 @@ def prepare(cfg: DictConfig, n_steps_output: int) -> Prepared:
         members=members,
         cap_delta_unit=bool(cfg.get("cap_delta_unit", True)),
         jitter_average=draws,
+        folders={name: out / folder for name, folder in folders.items()},
+        plan=planned,
     )

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from walrus.data.batch import Batch
 from walrus.data.well_dataset import WellDataset
+from walrus.errors import CommandInterrupted
 from walrus.inference.loading import build_trainer, positive_int, prepare, select_trajectories
 from walrus.inference.report import format_rollout_table, write_json_atomic, write_predictions
 from walrus.inference.rollout_module import (
@@ -25,6 +26,8 @@ from walrus.inference.rollout_module import (
     RolloutModule,
     make_jobs,
 )
+from walrus.safe_paths import make_dirs
+from walrus.signals import check_stop
 
 
 def load_rollout_sample(
@@ -65,37 +68,11 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
             "option save_members=true needs ensemble=2 or more (one member is the "
             "predictions.hdf5 of a plain rollout)"
         )
-    prep = prepare(cfg, n_steps_output=0)
+    prep = prepare(
+        cfg, n_steps_output=0, plan=partial(_plan, cfg.trajectories, steps=steps, start=start)
+    )
     n_in, stride = prep.data["n_steps_input"], prep.data["time_stride"]
-
-    plans: dict[str, DatasetPlan] = {}
-    selected: dict[str, list[int]] = {}
-    notes: list[str] = []
-    for ds in prep.datasets:
-        sel = select_trajectories(cfg.trajectories, ds.n_trajectories, ds.dataset)
-        lengths = {i: ds.frames_available(i, stride) for i in sel}
-        shortest = min(sel, key=lambda i: lengths[i])
-        avail = lengths[shortest] - start - n_in
-        if avail < 1:
-            fix = (
-                f"lower start (at most {lengths[shortest] - n_in - 1})"
-                if lengths[shortest] > n_in
-                else "pick longer trajectories or a smaller data.time_stride"
-            )
-            raise ValueError(
-                f"dataset {ds.dataset!r}: trajectory {shortest} has {lengths[shortest]} frames at "
-                f"time stride {stride}; start={start} plus {n_in} context frames leaves nothing "
-                f"to predict; {fix}"
-            )
-        n_steps = avail if steps is None else min(steps, avail)
-        if steps is not None and steps > avail:
-            notes.append(
-                f"{ds.dataset}: asked for {steps} steps, but the ground truth ends after {avail} "
-                f"(trajectory {shortest} has {lengths[shortest]} frames, start={start}, {n_in} "
-                f"context frames); rolled out {avail} steps"
-            )
-        plans[ds.dataset] = DatasetPlan(ds.dataset, tuple(ds.field_names), n_steps)
-        selected[ds.dataset] = sel
+    plans, selected, notes = prep.plan
 
     jobs = make_jobs(selected, prep.batch_size)
     loaders = {
@@ -118,9 +95,15 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         job_steps=[plans[name].steps for name, _ in jobs],
     )
     trainer = build_trainer(cfg)
-    trainer.predict(
-        module, datamodule=JobDataModule(JobDataset(jobs, loaders)), return_predictions=False
-    )
+    try:
+        trainer.predict(
+            module, datamodule=JobDataModule(JobDataset(jobs, loaders)), return_predictions=False
+        )
+    except CommandInterrupted as e:  # within one model call of the signal
+        raise CommandInterrupted(e.signum, f"rollout wrote no result file to {prep.out}") from None
+    finally:
+        module.on_predict_end()  # the progress bar
+    check_stop(f"rollout wrote no result file to {prep.out}")
     module.gather()
     if not trainer.is_global_zero:
         return {}
@@ -149,13 +132,13 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
             "trajectories": selected[name],
             "steps": plans[name].steps,
             "diverged": [d for d in module.diverged if d["dataset"] == name],
-            "files_dir": str(prep.out / name if many else prep.out),
+            "files_dir": str(prep.folders[name] if many else prep.out),
             "metrics": module.metrics[name].to_dict(),
         }
     files = [write_json_atomic(prep.out / "metrics.json", report)]
     for ds in prep.datasets:
         files += _write_dataset_files(
-            cfg, ds, module, report, selected[ds.dataset], start, n_in, stride, notes
+            cfg, ds, module, report, selected[ds.dataset], start, n_in, stride, notes, prep.out
         )
     if notes:
         write_json_atomic(prep.out / "metrics.json", report)
@@ -165,7 +148,53 @@ def run_rollout(cfg: DictConfig) -> dict[str, Any]:
         if entry["metrics"]["steps"]:
             print(format_rollout_table(name, entry["metrics"]))
     print(f"wrote {', '.join(str(f) for f in files)}")
+    check_stop(f"after writing the results to {prep.out} (every file listed is complete)")
     return {"metrics": report, "files": files, "notes": notes}
+
+
+def _plan(
+    trajectories: Any,
+    data: dict[str, Any],
+    datasets: list[WellDataset],
+    *,
+    steps: int | None,
+    start: int,
+) -> tuple[dict[str, DatasetPlan], dict[str, list[int]], list[str]]:
+    """The trajectories and steps of each dataset, checked before anything is written.
+
+    Returns:
+        ``(plans, selected trajectories, notes)``, each by dataset name (notes: a list).
+    """
+    n_in, stride = data["n_steps_input"], data["time_stride"]
+    plans: dict[str, DatasetPlan] = {}
+    selected: dict[str, list[int]] = {}
+    notes: list[str] = []
+    for ds in datasets:
+        sel = select_trajectories(trajectories, ds.n_trajectories, ds.dataset)
+        lengths = {i: ds.frames_available(i, stride) for i in sel}
+        shortest = min(sel, key=lambda i: lengths[i])
+        avail = lengths[shortest] - start - n_in
+        if avail < 1:
+            fix = (
+                f"lower start (at most {lengths[shortest] - n_in - 1})"
+                if lengths[shortest] > n_in
+                else "pick longer trajectories or a smaller data.time_stride"
+            )
+            raise ValueError(
+                f"dataset {ds.dataset!r}: trajectory {shortest} has {lengths[shortest]} frames at "
+                f"time stride {stride}; start={start} plus {n_in} context frames leaves nothing "
+                f"to predict; {fix}"
+            )
+        n_steps = avail if steps is None else min(steps, avail)
+        if steps is not None and steps > avail:
+            notes.append(
+                f"{ds.dataset}: asked for {steps} steps, but the ground truth ends after {avail} "
+                f"(trajectory {shortest} has {lengths[shortest]} frames, start={start}, {n_in} "
+                f"context frames); rolled out {avail} steps"
+            )
+        plans[ds.dataset] = DatasetPlan(ds.dataset, tuple(ds.field_names), n_steps)
+        selected[ds.dataset] = sel
+    return plans, selected, notes
 
 
 def _write_dataset_files(
@@ -178,10 +207,12 @@ def _write_dataset_files(
     n_in: int,
     stride: int,
     notes: list[str],
+    top: Path,
 ) -> list[Path]:
     """predictions.hdf5 (members.hdf5) and the plots of one dataset (vrmse.png, spectral.png,
     fidelity.png, fidelity_fields.png, rank_histogram.png for an ensemble, snapshots.png,
-    rollout.gif or .mp4); appends to ``notes`` what was skipped."""
+    rollout.gif or .mp4) in ``top`` or its folder there; appends to ``notes`` what was
+    skipped."""
     from walrus.metrics import ENSEMBLE
     from walrus.viz import (
         plot_error_curves,
@@ -200,6 +231,9 @@ def _write_dataset_files(
     done = min((p.shape[0] for p in preds), default=0)
     spreads = [module.spreads.get((name, i)) for i in sel] if module.members > 1 else []
     spreads = spreads if spreads and all(sp is not None for sp in spreads) else None
+    writes = (cfg.save_predictions and done >= 1) or (cfg.plots and entry["metrics"]["steps"])
+    if out != top and writes:
+        make_dirs(top, out.name)  # a real folder inside out=, never through a planted link
     if cfg.save_predictions:
         if done >= 1:
             files.append(

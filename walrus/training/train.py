@@ -35,7 +35,7 @@ from walrus.errors import TrainingInterrupted
 from walrus.hub import open_checkpoint
 from walrus.model.config import WalrusConfig
 from walrus.options import check_option_types
-from walrus.run_files import write_run_files
+from walrus.run_files import is_first_process, write_run_files
 from walrus.training.budget import TimeBudget
 from walrus.training.callbacks import DataPositionCallback, RNGStateCallback
 from walrus.training.checkpointing import LastCheckpoint, check_resume_state
@@ -53,7 +53,7 @@ from walrus.training.resume import (
     read_record,
     resume_overrides,
 )
-from walrus.training.run_dir import run_dir_for
+from walrus.training.run_dir import claim_run_dir, run_dir_for
 from walrus.training.summary import job_prefix, print_summary, sweep_job
 
 FREEZE_OPTIONS = (None, "processor")
@@ -223,6 +223,8 @@ def _train(
     quiet_logger_noise()
     out_dir = _output_dir(cfg)
     _check_types(cfg)
+    if is_first_process():  # other ranks start once the first has written into the folder
+        claim_run_dir(out_dir, cfg.get("ckpt_path"))
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
     ckpt, meta, source = _source_checkpoint(cfg)
@@ -233,10 +235,6 @@ def _train(
         given = override_keys(overrides or ())
         check_resume_config(record.get("config"), resolved, source, given)
     finetuned = bool(cfg.get("init_from") or (record.get("config") or {}).get("init_from"))
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for folder in (out_dir, out_dir / "checkpoints"):  # left by a run killed mid-write
-        remove_stale_temp_files(folder)
 
     base_vocab = FieldVocabulary.from_dict(meta["vocab"]) if meta else None
     # warns when the old option data.root overrides paths.data_dir
@@ -323,8 +321,6 @@ def _train(
             if logger_cfg.get("name") in (None, cfg.get("task_name")):
                 kwargs["name"] = wandb_run_name(cfg.get("task_name"), overrides)
         loggers.append(instantiate(logger_cfg, **kwargs))
-    for logger in loggers:  # every logger records the settings
-        logger.log_hyperparams(resolved)
     trainer: pl.Trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
@@ -332,7 +328,12 @@ def _train(
         plugins=[AtomicCheckpointIO()],
         max_time=None,
     )
-    write_run_files(cfg, out_dir, "train.log")  # checks passed: now write into the run dir
+    # checks passed: now write into the run dir (nothing before: a refused run leaves nothing)
+    for folder in (out_dir, out_dir / "checkpoints"):  # left by a run killed mid-write
+        remove_stale_temp_files(folder)
+    write_run_files(cfg, out_dir, "train.log")
+    for logger in loggers:  # every logger records the settings
+        logger.log_hyperparams(resolved)
     write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     if source:
         _record_model(cfg, out_dir, model.config, source)

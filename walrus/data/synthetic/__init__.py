@@ -29,6 +29,7 @@ from walrus.data.synthetic import (
 from walrus.data.synthetic.common import Simulation, System
 from walrus.data.well_file import SPLITS
 from walrus.data.writer import write_well_file
+from walrus.safe_paths import make_dirs, plain_name, refuse_symlinks
 
 SYSTEMS: dict[str, System] = {
     s.name: s
@@ -150,6 +151,7 @@ def generate(
     regimes: Sequence[str] | None = None,
     progress: bool = True,
     stats: bool = True,
+    overwrite: bool = False,
 ) -> Path:
     """Simulate a built-in system and write it as a Well dataset.
 
@@ -164,9 +166,16 @@ def generate(
         regimes: regime names (default: the system's defaults).
         progress: show a Rich progress bar.
         stats: also write ``stats.yaml`` from the train split.
+        overwrite: replace a dataset already in ``out/{system}`` (its ``stats.yaml`` and the
+            generator's ``{system}_{regime}.hdf5`` files; other files are kept). Without it,
+            an existing dataset is refused before anything is simulated.
 
     Returns:
         The dataset directory ``out/{system}``.
+
+    Raises:
+        ValueError: bad arguments, or ``out/{system}`` holds a dataset and not ``overwrite``,
+            or a folder there is a symlink (nothing is written through one).
     """
     if system not in SYSTEMS:
         raise ValueError(f"unknown system {system!r}; built-in systems: {', '.join(SYSTEMS)}")
@@ -183,7 +192,21 @@ def generate(
             f"{system}: need resolution >= 8 and steps >= 2, got {resolution}, {steps}"
         )
     counts = split_counts(n_traj)
-    root = Path(out) / system
+    root = Path(out) / plain_name(system, "system")
+    refuse_symlinks(root, ("data", "stats.yaml"), what=str(root))
+    for split in SPLITS:
+        refuse_symlinks(root / "data", (split,), what=str(root / "data"))
+    existing = sorted(
+        str(p.relative_to(root))
+        for p in [root / "stats.yaml", *root.glob("data/*/*.hdf5")]
+        if os.path.lexists(p)
+    )
+    if existing and not overwrite:
+        shown = ", ".join(existing[:3]) + (", ..." if len(existing) > 3 else "")
+        raise ValueError(
+            f"{root} already holds a dataset ({shown}); pass --overwrite (overwrite=True) to "
+            "replace it, or another --out"
+        )
 
     jobs = []
     for si, split in enumerate(SPLITS):
@@ -202,7 +225,7 @@ def generate(
             params = {k: np.full(n, float(v)) for k, v in available[regime].items()}
             sim: Simulation = spec.simulate(params, resolution, steps, rng, advance)
             write_well_file(
-                root / "data" / split / f"{system}_{regime}.hdf5",
+                make_dirs(Path(out), system, "data", split) / f"{system}_{regime}.hdf5",
                 system,
                 coords=sim.coords,
                 time=sim.time,
@@ -213,10 +236,16 @@ def generate(
                 bcs=sim.bcs,
                 params=available[regime],
             )
+    written = {(split, regime) for _, split, _, regime, _ in jobs}
+    for split in SPLITS:  # an earlier run's regimes that this one did not write
+        for regime in set(available) - {r for s, r in written if s == split}:
+            (root / "data" / split / f"{system}_{regime}.hdf5").unlink(missing_ok=True)
     if stats:
         from walrus.data.stats import write_stats
 
         write_stats(root)
+    else:  # an earlier stats.yaml describes other data
+        (root / "stats.yaml").unlink(missing_ok=True)
     return root
 
 

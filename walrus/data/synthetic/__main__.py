@@ -1,4 +1,4 @@
-"""CLI: ``python -m walrus.data.synthetic SYSTEM --out ROOT [--n-traj N --resolution R --steps T --seed S]``."""
+"""CLI: ``python -m walrus.data.synthetic SYSTEM --out ROOT [--n-traj N --resolution R --steps T --seed S] [--overwrite]``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import time
 from collections.abc import Sequence
 
+from walrus.cli import run_cli
 from walrus.data.synthetic import EXTRA_REGIMES, SYSTEMS, generate
 
 
@@ -46,16 +47,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         + ", ".join(f"{k}: {'/'.join(v)}" for k, v in EXTRA_REGIMES.items())
         + ")",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset already in OUT/SYSTEM (its stats.yaml and generated files)",
+    )
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    root = generate(
-        args.system,
-        args.out,
-        n_traj=args.n_traj,
-        resolution=args.resolution,
-        steps=args.steps,
-        seed=args.seed,
-        regimes=args.regimes.split(",") if args.regimes else None,
+    root = run_cli(
+        lambda: generate(
+            args.system,
+            args.out,
+            n_traj=args.n_traj,
+            resolution=args.resolution,
+            steps=args.steps,
+            seed=args.seed,
+            regimes=args.regimes.split(",") if args.regimes else None,
+            overwrite=args.overwrite,
+        )
     )
     print(f"wrote {root} in {time.perf_counter() - t0:.1f} s")
 
