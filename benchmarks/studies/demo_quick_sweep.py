@@ -13,7 +13,8 @@ other jobs inflates less than wall seconds)::
 
 A candidate is ``NAME=GENERATOR FLAGS | TRAIN OVERRIDES``. Candidates run one after another;
 ``benchmarks/results/<--name>.json`` is rewritten after each, and ``--resume`` skips candidates it
-already holds.
+already holds. ``--write`` only renders the JSON's table onto ``docs/getting-started.md`` between
+``<!-- demo-quick-sweep:start -->`` and ``<!-- demo-quick-sweep:end -->``.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS_DIR, print_table
+from benchmarks.pages import DOCS, write_between
 from benchmarks.record import finish_record, run_record, save_result
 
 FORMAT = "demo_quick_sweep/1"
+PAGE = DOCS / "getting-started.md"
 BUDGET_CPU_S = 180.0  # 3 minutes: within it even if the two cores' threads never overlap
 DATASET = "navier_stokes_2d"
 REPO = Path(__file__).resolve().parents[2]
@@ -127,6 +130,29 @@ def table(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The docs table: per candidate its settings, CPU seconds, and model / persistence VRMSE
+    per window (the chosen one in bold)."""
+    cands = result["candidates"]
+    wins = list(next(iter(cands.values()))["vrmse"]["model"]) if cands else []
+    lines = [
+        "| candidate | generator flags | train overrides | CPU s | "
+        + " | ".join(f"VRMSE {w}" for w in wins)
+        + " | wins every window |",
+        "|" + "---|" * (5 + len(wins)),
+    ]
+    for name, c in cands.items():
+        shown = f"**{name}**" if name == result.get("chosen") else name
+        cells = [shown, f"`{' '.join(c['generator_args'])}`", f"`{' '.join(c['train_overrides'])}`",
+                 f"{c['cpu_s']['total']:.0f}"]  # fmt: skip
+        cells += [
+            f"{c['vrmse']['model'][w]:.3g} / {c['vrmse']['persistence'][w]:.3g}" for w in wins
+        ]
+        cells.append("yes" if c["beats_persistence_every_window"] else "no")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", default="outputs/demo_quick_sweep", help="run folders")
@@ -134,8 +160,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="demo_quick_sweep", help="results file stem")
     parser.add_argument("--resume", action="store_true", help="skip candidates in the JSON")
     parser.add_argument("--results-dir", default=str(RESULTS_DIR), help="where the JSON goes")
+    parser.add_argument("--write", action="store_true", help="only render the docs table")
     args = parser.parse_args(argv)
     path = Path(args.results_dir) / f"{args.name}.json"
+    if args.write:
+        body = markdown(json.loads(path.read_text()))
+        print(f"wrote {write_between(PAGE, 'demo-quick-sweep', body)}")
+        return
     record = run_record(sys.argv)
     result = json.loads(path.read_text()) if args.resume and path.is_file() else None
     if result is None or result.get("format") != FORMAT:
