@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import math
 import subprocess
 from pathlib import Path
@@ -82,10 +83,10 @@ def test_pretrain_small_config_is_a_short_pretrain_on_three_small_systems(compos
     assert kwargs == {"progress": False, "n_traj": [8, 2, 2], "steps": 40}
     inspect.signature(generate).bind("navier_stokes_2d", "root", **kwargs)
     assert kwargs["steps"] < min(SYSTEMS[n].steps for n in names)
-    # quiet: no generator bars, a progress line every 15 s (every minute in the full run)
+    # quiet: no generator bars, a progress line every 15 s (every 2 minutes in the full run)
     assert full.data.generate_kwargs == {"progress": False}
     assert small.callbacks.progress_line.every_seconds == 15
-    assert full.callbacks.progress_line.every_seconds == 60
+    assert full.callbacks.progress_line.every_seconds == 120
 
 
 def test_verdict_against_persistence_has_a_tie_band():
@@ -147,8 +148,18 @@ def test_model_card_of_a_tiny_run(pretrained_run, capsys):
     ckpt = load_checkpoint_file(run / "checkpoints" / "last.ckpt")
     assert COST_KEY in ckpt["callbacks"]
 
-    md, js = write_model_card(run, max_windows=4, steps=5, max_trajectories=3)
-    assert capsys.readouterr().out == ""  # the inference tables are not printed
+    notes: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: notes.append(record.getMessage())
+    lightning_notes = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    lightning_notes.addHandler(handler)
+    try:
+        md, js = write_model_card(run, max_windows=4, steps=5, max_trajectories=3)
+    finally:
+        lightning_notes.removeHandler(handler)
+    # neither the inference tables nor Lightning's accelerator notes are printed
+    assert capsys.readouterr().out == "" and not [n for n in notes if "available" in n]
+    assert lightning_notes.level == logging.NOTSET  # restored
     card = json.loads(js.read_text())
     systems = card["data"]["systems"]
     assert list(systems) == ["navier_stokes_2d", "gray_scott_2d"]
@@ -262,6 +273,25 @@ def test_make_pretrain_trains_then_writes_the_card():
     card_at = next(i for i, s in enumerate(lines) if "-m walrus.training.model_card out/pt" in s)
     assert card_at > train_at
     assert any("out/pt/.made-by-make-demo" in s for s in lines[:train_at])  # the marker rule
+    assert "--max-windows 8 --steps 10 --max-trajectories 2" in lines[card_at]
+
+
+def test_make_pretrain_small_has_its_own_experiment_data_and_folder():
+    def dry(size: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["make", "-n", "pretrain", f"PRETRAIN_SIZE={size}", "PY=py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+
+    flat = " ".join(dry("small").stdout.replace("\\\n", " ").split())
+    assert "py train.py experiment=pretrain_small paths.data_dir=data/pretrain_small" in flat
+    assert "hydra.run.dir=outputs/pretrain_small" in flat
+    assert "-m walrus.training.model_card outputs/pretrain_small --max-windows 8" in flat
+    bad = dry("tiny")
+    assert bad.returncode != 0
+    assert "PRETRAIN_SIZE must be full or small, got 'tiny'" in bad.stderr
 
 
 # ---------------------------------------------------------------------- transfer benchmark

@@ -25,12 +25,14 @@ import argparse
 import contextlib
 import io
 import json
+import logging
 import math
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ import yaml
 from walrus.atomic import write_text_atomic
 from walrus.bcs import BoundaryType
 from walrus.checkpoint import load_checkpoint_file, walrus_meta
+from walrus.cli import LIGHTNING_LOGGERS, QUIET_WARNINGS
 from walrus.data.datamodule import parse_dataset_specs
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS
@@ -221,6 +224,24 @@ def verdict_lines(card: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Hide what the inference runs print: their tables (stdout), Lightning's notes (its
+    accelerator lines) and the third-party deprecation chatter the CLIs hide too."""
+    loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        for pattern in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern)
+        for lg in loggers:
+            lg.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+
+
 def validation_metrics(
     ckpt_path: Path,
     out: Path,
@@ -235,7 +256,7 @@ def validation_metrics(
     (``max_windows``) and windowed rollout VRMSE over the first ``steps`` steps (``None``: to
     the end) from the start of the first ``trajectories`` trajectories (``None``: every one;
     each dataset must have that many), model and persistence, mean over fields. The inference
-    runs' tables are not printed."""
+    runs print nothing but warnings."""
     from walrus.pretrained import infer
 
     common = [
@@ -247,7 +268,7 @@ def validation_metrics(
     ]
     windows = "null" if max_windows is None else str(max_windows)
     chosen = "all" if trajectories is None else f"[{','.join(map(str, range(trajectories)))}]"
-    with contextlib.redirect_stdout(io.StringIO()):
+    with _quiet():
         one = infer("evaluate", *common, f"out={out / 'evaluate'}", f"max_windows={windows}")
         roll = infer(
             "rollout",
