@@ -3,7 +3,9 @@ benchmark (tiny sizes, in-process)."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import math
 import subprocess
 from pathlib import Path
@@ -15,8 +17,16 @@ import yaml
 from benchmarks import transfer, transfer_table
 from tests.conftest import REPO, tiny_train_overrides
 from walrus.checkpoint import load_checkpoint_file
-from walrus.data.synthetic import SYSTEMS
-from walrus.training.model_card import COST_KEY, model_preset, write_model_card
+from walrus.data.synthetic import SYSTEMS, generate
+from walrus.training.model_card import (
+    COST_KEY,
+    main,
+    model_preset,
+    verdict,
+    verdict_lines,
+    verdicts,
+    write_model_card,
+)
 from walrus.training.resume import resume_overrides
 from walrus.training.train import train
 
@@ -57,6 +67,67 @@ def test_time_budget_schedule_ends_at_the_floor(compose_cfg, tiny_data_root, tmp
     assert module.lr_schedulers().get_last_lr()[0] == pytest.approx(floor)
 
 
+def test_pretrain_small_config_is_a_short_pretrain_on_three_small_systems(compose_cfg):
+    full = compose_cfg("train", ["experiment=pretrain"])
+    small = compose_cfg("train", ["experiment=pretrain_small"])
+    names = [s.name for s in small.data.datasets]
+    assert names == ["navier_stokes_2d", "gray_scott_2d", "burgers_1d"]
+    assert {SYSTEMS[n].n_spatial for n in names} == {1, 2}
+    assert len({s.weight for s in small.data.datasets}) == 1
+    assert small.task_name == "pretrain_small" and small.trainer.max_time == "00:00:03:00"
+    assert small.trainer.max_steps == -1 and small.trainer.max_epochs == -1
+    # the recipe of experiment=pretrain: model, optimiser, noise, cost callback
+    assert small.model == full.model and small.optimizer == full.optimizer
+    assert small.module == full.module and "training_cost" in small.callbacks
+    kwargs = dict(small.data.generate_kwargs)
+    assert kwargs == {"progress": False, "n_traj": [8, 2, 2], "steps": 40}
+    inspect.signature(generate).bind("navier_stokes_2d", "root", **kwargs)
+    assert kwargs["steps"] < min(SYSTEMS[n].steps for n in names)
+    # quiet: no generator bars, a progress line every 15 s (every 2 minutes in the full run)
+    assert full.data.generate_kwargs == {"progress": False}
+    assert small.callbacks.progress_line.every_seconds == 15
+    assert full.callbacks.progress_line.every_seconds == 120
+
+
+def test_verdict_against_persistence_has_a_tie_band():
+    assert verdict(0.5, 1.0) == "beat" and verdict(2.0, 1.0) == "lose"
+    assert verdict(0.96, 1.0) == verdict(1.04, 1.0) == verdict(1.0, 1.0) == "tie"
+    assert verdict(0.94, 1.0) == "beat" and verdict(1.06, 1.0) == "lose"
+    assert verdict(0.94, 1.0, tolerance=0.1) == "tie"
+    assert verdict(0.999, 1.0, tolerance=0.0) == "beat"
+    assert verdict(0.0, 0.0) == "tie" and verdict(0.1, 0.0) == "lose"
+    assert verdict(float("nan"), 1.0) is None and verdict(0.5, None) is None
+
+
+def test_verdicts_per_window_and_the_lines_naming_what_is_not_beaten():
+    validation = {
+        "a": {
+            "one_step_vrmse": {"model": 0.1, "persistence": 0.5},
+            "rollout_vrmse": {
+                "model": {"1": 0.2, "2-10": 0.98, "11-30": 1.3},
+                "persistence": {"1": 0.4, "2-10": 1.0, "11-30": 1.1},
+            },
+        },
+        "b": {
+            "one_step_vrmse": {"model": 0.1, "persistence": 0.5},
+            "rollout_vrmse": {"model": {"1": float("inf")}, "persistence": {"1": 0.4}},
+        },
+    }
+    says = verdicts(validation)
+    assert says["a"] == {
+        "one_step": "beat",
+        "rollout": {"1": "beat", "2-10": "tie", "11-30": "lose"},
+    }
+    assert says["b"]["rollout"] == {"1": None}
+    lines = verdict_lines({"verdicts": says})
+    assert lines == [
+        "a: 2 beat, 1 tie, 1 lose of 4 against persistence "
+        "(not beaten: rollout 2-10 tie, rollout 11-30 lose)",
+        "b: 1 beat, 0 tie, 0 lose of 2 against persistence (not beaten: rollout 1 n/a)",
+    ]
+    assert verdicts(validation, tolerance=0.0)["a"]["rollout"]["2-10"] == "beat"
+
+
 @pytest.fixture(scope="module")
 def pretrained_run(tiny_data_root, tmp_path_factory):
     """A 2-step tiny ``experiment=pretrain`` run on Navier–Stokes and Gray–Scott."""
@@ -72,12 +143,23 @@ def pretrained_run(tiny_data_root, tmp_path_factory):
     return run, sum(p.numel() for p in objects["module"].model.parameters())
 
 
-def test_model_card_of_a_tiny_run(pretrained_run):
+def test_model_card_of_a_tiny_run(pretrained_run, capsys):
     run, params = pretrained_run
     ckpt = load_checkpoint_file(run / "checkpoints" / "last.ckpt")
     assert COST_KEY in ckpt["callbacks"]
 
-    md, js = write_model_card(run, max_windows=4, steps=5)
+    notes: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: notes.append(record.getMessage())
+    lightning_notes = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    lightning_notes.addHandler(handler)
+    try:
+        md, js = write_model_card(run, max_windows=4, steps=5, max_trajectories=3)
+    finally:
+        lightning_notes.removeHandler(handler)
+    # neither the inference tables nor Lightning's accelerator notes are printed
+    assert capsys.readouterr().out == "" and not [n for n in notes if "available" in n]
+    assert lightning_notes.level == logging.NOTSET  # restored
     card = json.loads(js.read_text())
     systems = card["data"]["systems"]
     assert list(systems) == ["navier_stokes_2d", "gray_scott_2d"]
@@ -93,10 +175,33 @@ def test_model_card_of_a_tiny_run(pretrained_run):
         assert v["rollout_steps"] == 5 and v["rollout_trajectories"] == 1
         assert math.isfinite(v["one_step_vrmse"]["model"])
         assert set(v["rollout_vrmse"]["model"]) == {"1", "2-5"}  # windows cut at step 5
+        says = card["verdicts"][name]
+        assert says["one_step"] == verdict(
+            v["one_step_vrmse"]["model"], v["one_step_vrmse"]["persistence"]
+        )
+        assert set(says["rollout"]) == {"1", "2-5"}
+    assert card["tie_tolerance"] == 0.05
     assert isinstance(card["source"]["dirty"], bool)
     text = md.read_text()
     assert "| gray_scott_2d | 2D | 32x32 |" in text and "Preset `tiny`" in text
+    assert "a tie when the two VRMSEs differ by at most 5%" in text
+    assert verdict_lines(card)[0] in text
     assert not list(run.glob("*.tmp"))
+
+
+def test_model_card_command_prints_a_verdict_line_per_system(pretrained_run, capsys):
+    run, _ = pretrained_run
+    main([str(run), "--max-windows", "2", "--steps", "2", "--max-trajectories", "1",
+          "--tie-tolerance", "0.5"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    card = json.loads((run / "model_card.json").read_text())
+    assert card["tie_tolerance"] == 0.5
+    assert lines[:2] == verdict_lines(card) and len(lines) == 3
+    assert lines[2].startswith("wrote ") and lines[2].endswith(" s")
+    with pytest.raises(SystemExit) as e:
+        main([str(run), "--tie-tolerance", "-1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "error: tie tolerance must be a number >= 0, got -1.0\n"
 
 
 def test_model_card_names_a_missing_checkpoint(tmp_path):
@@ -111,7 +216,6 @@ def test_model_preset_reports_custom_for_an_unknown_architecture():
 
 
 def test_finetune_onto_unseen_datasets_with_new_fields(compose_cfg, pretrained_run, tmp_path):
-    from walrus.data.synthetic import generate
 
     data = tmp_path / "d"
     for system in ("cahn_hilliard_2d", "burgers_1d"):
@@ -169,6 +273,25 @@ def test_make_pretrain_trains_then_writes_the_card():
     card_at = next(i for i, s in enumerate(lines) if "-m walrus.training.model_card out/pt" in s)
     assert card_at > train_at
     assert any("out/pt/.made-by-make-demo" in s for s in lines[:train_at])  # the marker rule
+    assert "--max-windows 8 --steps 10 --max-trajectories 2" in lines[card_at]
+
+
+def test_make_pretrain_small_has_its_own_experiment_data_and_folder():
+    def dry(size: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["make", "-n", "pretrain", f"PRETRAIN_SIZE={size}", "PY=py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+
+    flat = " ".join(dry("small").stdout.replace("\\\n", " ").split())
+    assert "py train.py experiment=pretrain_small paths.data_dir=data/pretrain_small" in flat
+    assert "hydra.run.dir=outputs/pretrain_small" in flat
+    assert "-m walrus.training.model_card outputs/pretrain_small --max-windows 8" in flat
+    bad = dry("tiny")
+    assert bad.returncode != 0
+    assert "PRETRAIN_SIZE must be full or small, got 'tiny'" in bad.stderr
 
 
 # ---------------------------------------------------------------------- transfer benchmark
@@ -232,7 +355,6 @@ def test_transfer_table_names_the_pretraining_and_fills_its_own_markers(tmp_path
 def test_zero_shot_scores_known_fields_and_skips_unknown_ones(
     pretrained_run, tiny_data_root, tmp_path
 ):
-    from walrus.data.synthetic import generate
 
     ckpt, logged = pretrained_run[0] / "checkpoints" / "last.ckpt", []
     gray_scott = transfer.external_set(tiny_data_root / "gray_scott_2d")
@@ -273,7 +395,6 @@ def test_transfer_refuses_a_rate_that_is_not_positive(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_transfer_smoke(tmp_path):
-    from walrus.data.synthetic import generate
 
     root = tmp_path / "data"
     for system in ("navier_stokes_2d", "gray_scott_2d"):

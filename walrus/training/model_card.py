@@ -4,10 +4,15 @@ The card says what the model was trained on (systems, dimensions, fields, bounda
 trajectory counts, grids), what the training cost (time budget, steps, CPU seconds, threads,
 machine load), which model it is (preset, parameters), how well it does on the validation split
 of each system (one-step VRMSE, and windowed rollout VRMSE from the start of every validation
-trajectory, both against persistence, computed by ``infer.py evaluate`` / ``rollout``) and the
-commit it was built from::
+trajectory, both against persistence, computed in this process as ``infer.py evaluate`` / ``rollout``
+compute them) with a verdict per system and window (beat, tie or lose: a tie when the model's
+VRMSE is within ``--tie-tolerance`` of persistence's) and the commit it was built from::
 
     python -m walrus.training.model_card RUN_DIR [--data-dir DIR] [--max-windows N]
+        [--steps N] [--max-trajectories N] [--tie-tolerance F]
+
+``--max-windows``, ``--steps`` and ``--max-trajectories`` bound its time (``make pretrain``
+passes small ones, so the card takes about a minute).
 
 Everything comes from ``RUN_DIR/checkpoints/last.ckpt`` (validated field by field) and the data
 it names; the training cost from the :class:`TrainingCost` callback (``experiment=pretrain``
@@ -17,13 +22,17 @@ adds it), else it is reported as unknown.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import logging
 import math
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +43,7 @@ import yaml
 from walrus.atomic import write_text_atomic
 from walrus.bcs import BoundaryType
 from walrus.checkpoint import load_checkpoint_file, walrus_meta
+from walrus.cli import LIGHTNING_LOGGERS, QUIET_WARNINGS
 from walrus.data.datamodule import parse_dataset_specs
 from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS
@@ -43,6 +53,9 @@ from walrus.training.resume import read_record
 REPO = Path(__file__).resolve().parents[2]
 COST_KEY = "TrainingCost"
 CARD_DIR = "model_card"  # the inference runs behind the metrics go here, inside the run folder
+# a tie: the model's VRMSE within this fraction of persistence's (either side)
+TIE_TOLERANCE = 0.05
+VERDICTS = ("beat", "tie", "lose")
 _COST_FIELDS = ("cpu_s", "wall_s")
 
 
@@ -170,6 +183,65 @@ def _mean_vrmse(metrics: Mapping[str, Any], source: str) -> dict[str, Any]:
     return metrics[source]["vrmse"]["mean_over_fields"]
 
 
+def verdict(model: Any, persistence: Any, tolerance: float = TIE_TOLERANCE) -> str | None:
+    """``"beat"``, ``"tie"`` or ``"lose"``: the model against persistence on one VRMSE. A tie
+    when they differ by at most ``tolerance`` times persistence's VRMSE; ``None`` when either is
+    missing or not finite (a diverged rollout)."""
+    if not (_number(model) and _number(persistence)):
+        return None
+    if abs(model - persistence) <= tolerance * persistence:
+        return "tie"
+    return "beat" if model < persistence else "lose"
+
+
+def verdicts(validation: Mapping[str, Any], tolerance: float = TIE_TOLERANCE) -> dict[str, Any]:
+    """Per system, :func:`verdict` of the one-step VRMSE and of every rollout window."""
+    out = {}
+    for name, v in validation.items():
+        one, roll = v["one_step_vrmse"], v["rollout_vrmse"]
+        out[name] = {
+            "one_step": verdict(one["model"], one["persistence"], tolerance),
+            "rollout": {
+                w: verdict(m, roll["persistence"].get(w), tolerance)
+                for w, m in roll["model"].items()
+            },
+        }
+    return out
+
+
+def verdict_lines(card: Mapping[str, Any]) -> list[str]:
+    """One line per system: how many of its cells (one-step, rollout windows) the model beats,
+    ties and loses against persistence, and which cells it does not beat."""
+    lines = []
+    for name, v in card["verdicts"].items():
+        cells = {"one-step": v["one_step"], **{f"rollout {w}": r for w, r in v["rollout"].items()}}
+        counts = ", ".join(f"{sum(r == k for r in cells.values())} {k}" for k in VERDICTS)
+        rest = [f"{cell} {r or 'n/a'}" for cell, r in cells.items() if r != "beat"]
+        lines.append(
+            f"{name}: {counts} of {len(cells)} against persistence"
+            + (f" (not beaten: {', '.join(rest)})" if rest else "")
+        )
+    return lines
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Hide what the inference runs print: their tables (stdout), Lightning's notes (its
+    accelerator lines) and the third-party deprecation chatter the CLIs hide too."""
+    loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        for pattern in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern)
+        for lg in loggers:
+            lg.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+
+
 def validation_metrics(
     ckpt_path: Path,
     out: Path,
@@ -177,11 +249,14 @@ def validation_metrics(
     data_dir: str | None = None,
     max_windows: int | None = 32,
     steps: int | None = 30,
+    trajectories: int | None = None,
     batch_size: int = 4,
 ) -> dict[str, Any]:
     """Per dataset on the validation split: one-step VRMSE over evenly spaced windows
     (``max_windows``) and windowed rollout VRMSE over the first ``steps`` steps (``None``: to
-    the end) from the start of every trajectory, model and persistence, mean over fields."""
+    the end) from the start of the first ``trajectories`` trajectories (``None``: every one;
+    each dataset must have that many), model and persistence, mean over fields. The inference
+    runs print nothing but warnings."""
     from walrus.pretrained import infer
 
     common = [
@@ -192,16 +267,19 @@ def validation_metrics(
         *([f"paths.data_dir={data_dir}"] if data_dir else []),
     ]
     windows = "null" if max_windows is None else str(max_windows)
-    one = infer("evaluate", *common, f"out={out / 'evaluate'}", f"max_windows={windows}")
-    roll = infer(
-        "rollout",
-        *common,
-        f"out={out / 'rollout'}",
-        f"steps={'null' if steps is None else steps}",
-        "plots=false",
-        "save_predictions=false",
-        "progress=false",
-    )
+    chosen = "all" if trajectories is None else f"[{','.join(map(str, range(trajectories)))}]"
+    with _quiet():
+        one = infer("evaluate", *common, f"out={out / 'evaluate'}", f"max_windows={windows}")
+        roll = infer(
+            "rollout",
+            *common,
+            f"out={out / 'rollout'}",
+            f"steps={'null' if steps is None else steps}",
+            f"trajectories={chosen}",
+            "plots=false",
+            "save_predictions=false",
+            "progress=false",
+        )
     result = {}
     for name, entry in one["metrics"]["datasets"].items():
         rolled = roll["metrics"]["datasets"][name]
@@ -225,8 +303,16 @@ def build_card(
     data_dir: str | None = None,
     max_windows: int | None = 32,
     steps: int | None = 30,
+    max_trajectories: int | None = None,
+    tie_tolerance: float = TIE_TOLERANCE,
 ) -> dict[str, Any]:
-    """The model card of the run in ``run_dir`` as plain data (see the module docstring)."""
+    """The model card of the run in ``run_dir`` as plain data (see the module docstring).
+    Rollouts start from the first ``max_trajectories`` validation trajectories of each system
+    (``None``: all; fewer where a system has fewer)."""
+    if not (_number(tie_tolerance) and tie_tolerance >= 0):
+        raise ValueError(f"tie tolerance must be a number >= 0, got {tie_tolerance!r}")
+    if max_trajectories is not None and max_trajectories < 1:
+        raise ValueError(f"max trajectories must be >= 1, got {max_trajectories}")
     run = Path(run_dir)
     path = run / "checkpoints" / "last.ckpt"
     if not path.is_file():
@@ -249,6 +335,16 @@ def build_card(
 
     model = load_inference_checkpoint(path).model
     facts = data_facts(root, names, int(n_in))
+    fewest = min(d["trajectories"]["valid"] for d in facts.values())
+    trajectories = None if max_trajectories is None else min(max_trajectories, fewest)
+    validation = validation_metrics(
+        path,
+        run / CARD_DIR,
+        data_dir=data_dir,
+        max_windows=max_windows,
+        steps=steps,
+        trajectories=trajectories,
+    )
     return {
         "checkpoint": os.path.relpath(path, run),
         "task_name": config.get("task_name") if isinstance(config.get("task_name"), str) else None,
@@ -268,9 +364,9 @@ def build_card(
             "params": sum(p.numel() for p in model.parameters()),
             "n_fields": meta["model_config"].get("n_fields"),
         },
-        "validation": validation_metrics(
-            path, run / CARD_DIR, data_dir=data_dir, max_windows=max_windows, steps=steps
-        ),
+        "validation": validation,
+        "tie_tolerance": tie_tolerance,
+        "verdicts": verdicts(validation, tie_tolerance),
         "source": git_state(),
     }
 
@@ -321,23 +417,29 @@ def render_markdown(card: Mapping[str, Any]) -> str:
     )
     lines += [
         "",
-        "## Validation (VRMSE, mean over fields; model / persistence)",
+        "## Validation (VRMSE, mean over fields; model / persistence, verdict)",
         "",
         "| system | one-step | " + " | ".join(f"rollout {w}" for w in windows) + " |",
         "|---|---|" + "---|" * len(windows),
     ]
     for name, v in card["validation"].items():
-        one = v["one_step_vrmse"]
-        roll = v["rollout_vrmse"]
-        cells = [f"{_fmt(one['model'])} / {_fmt(one['persistence'])}"] + [
-            f"{_fmt(roll['model'].get(w))} / {_fmt(roll['persistence'].get(w))}" for w in windows
+        one, roll, says = v["one_step_vrmse"], v["rollout_vrmse"], card["verdicts"][name]
+        cells = [f"{_fmt(one['model'])} / {_fmt(one['persistence'])} {_fmt(says['one_step'])}"]
+        cells += [
+            f"{_fmt(roll['model'].get(w))} / {_fmt(roll['persistence'].get(w))} "
+            f"{_fmt(says['rollout'].get(w))}"
+            for w in windows
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "One-step: evenly spaced validation windows; rollout: from the first frames of every "
-        "validation trajectory (`rollout_steps` steps, see model_card.json), errors averaged "
-        "over the steps of each window.",
+        "One-step: evenly spaced validation windows; rollout: from the first frames of the first "
+        "`rollout_trajectories` validation trajectories (`rollout_steps` steps, see "
+        "model_card.json), errors averaged over the steps of each window. Verdict against "
+        f"persistence: a tie when the two VRMSEs differ by at most {card['tie_tolerance']:.0%} "
+        "of persistence's, else beat or lose.",
+        "",
+        *verdict_lines(card),
         "",
     ]
     return "\n".join(lines)
@@ -349,10 +451,19 @@ def write_model_card(
     data_dir: str | None = None,
     max_windows: int | None = 32,
     steps: int | None = 30,
+    max_trajectories: int | None = None,
+    tie_tolerance: float = TIE_TOLERANCE,
 ) -> tuple[Path, Path]:
     """Build the card of ``run_dir`` and write ``MODEL_CARD.md`` and ``model_card.json`` into
     it (atomically). Returns their paths."""
-    card = build_card(run_dir, data_dir=data_dir, max_windows=max_windows, steps=steps)
+    card = build_card(
+        run_dir,
+        data_dir=data_dir,
+        max_windows=max_windows,
+        steps=steps,
+        max_trajectories=max_trajectories,
+        tie_tolerance=tie_tolerance,
+    )
     run = Path(run_dir)
     json_path = write_text_atomic(run / "model_card.json", json.dumps(card, indent=2) + "\n")
     md_path = write_text_atomic(run / "MODEL_CARD.md", render_markdown(card))
@@ -369,18 +480,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--data-dir", help="data root (default: the checkpoint's)")
     p.add_argument("--max-windows", type=int, default=32, help="one-step windows per system")
     p.add_argument("--steps", type=int, default=30, help="rollout steps (0: to the end)")
+    p.add_argument(
+        "--max-trajectories", type=int, help="rollouts per system (default: every trajectory)"
+    )
+    p.add_argument(
+        "--tie-tolerance",
+        type=float,
+        default=TIE_TOLERANCE,
+        help="a tie with persistence: VRMSEs within this fraction of persistence's (0.05)",
+    )
     args = p.parse_args(argv)
+    start = time.monotonic()
     try:
         md, js = write_model_card(
             args.run_dir,
             data_dir=args.data_dir,
             max_windows=args.max_windows,
             steps=args.steps or None,
+            max_trajectories=args.max_trajectories,
+            tie_tolerance=args.tie_tolerance,
         )
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(f"wrote {md} and {js}")
+    for line in verdict_lines(json.loads(js.read_text())):
+        print(line)
+    print(f"wrote {md} and {js} in {time.monotonic() - start:.0f} s")
 
 
 if __name__ == "__main__":
