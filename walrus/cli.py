@@ -16,6 +16,7 @@ from walrus.errors import (
     RESOURCE_ERRORS,
     DiskFullError,
     NonFiniteLossError,
+    NonFiniteWeightsError,
     TrainingInterrupted,
 )
 from walrus.run_files import log_line
@@ -87,7 +88,13 @@ def run_cli(fn: Callable[[], Any]) -> Any:
         if os.environ.get("WALRUS_TRACEBACK"):
             raise
         _fail(f"{_short_path(e.filename)} exists and is not a directory")
-    except (*USER_ERRORS, *CONFIG_ERRORS, DiskFullError, NonFiniteLossError) as e:
+    except (
+        *USER_ERRORS,
+        *CONFIG_ERRORS,
+        DiskFullError,
+        NonFiniteLossError,
+        NonFiniteWeightsError,
+    ) as e:
         if os.environ.get("WALRUS_TRACEBACK"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)

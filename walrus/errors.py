@@ -11,6 +11,12 @@ class NonFiniteLossError(RuntimeError):
     """Raised when the training loss is NaN or Inf; the message names the step and batch."""
 
 
+class NonFiniteWeightsError(RuntimeError):
+    """Raised when a model parameter, or its one-step validation prediction, is NaN or Inf;
+    nothing is saved after it, so the last finite checkpoint is kept. The message names the
+    step and, where one is, the first non-finite parameter."""
+
+
 class RolloutDivergedError(ValueError):
     """A rollout prediction held NaN or Inf.
 
