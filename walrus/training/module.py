@@ -363,7 +363,7 @@ class WalrusModule(pl.LightningModule):
         params = self._local_params()
         if not params:
             return
-        worst = torch.nn.utils.get_total_norm(params, norm_type=math.inf)  # ()
+        worst = _max_abs(params)  # ()
         if self._first_bad_weights is None or self._first_bad_weights.device != worst.device:
             self._first_bad_weights = torch.full(
                 (), _NO_STEP, dtype=torch.long, device=worst.device
@@ -397,7 +397,7 @@ class WalrusModule(pl.LightningModule):
             step = torch.full((), _NO_STEP, dtype=torch.long, device=device)
         now = torch.zeros((), dtype=torch.long, device=device)
         if before:
-            now = ~torch.isfinite(torch.nn.utils.get_total_norm(params, norm_type=math.inf))
+            now = ~torch.isfinite(_max_abs(params))
         flag = torch.stack([step.to(device), -now.long()])  # (2,): min over ranks of both
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
@@ -640,6 +640,12 @@ class _FirstOutputGiven:
             out, self.first = self.first, None
             return out
         return self.model(x, fields, bcs, **kwargs)
+
+
+def _max_abs(tensors: list[Tensor]) -> Tensor:
+    """``()`` the largest ``|x|`` over ``tensors`` (NaN if any holds NaN), one fused pass per
+    device and dtype (the kernel ``clip_grad_norm_`` uses)."""
+    return torch.stack(torch._foreach_norm(tensors, math.inf)).amax()
 
 
 def _as_list(value: Any) -> Any:
