@@ -73,8 +73,8 @@ def run_cli(fn: Callable[[], Any]) -> Any:
     Training stopped by SIGTERM (checkpoint saved) exits with status 143 instead. A
     ``MemoryError``, ``RecursionError``, ``OverflowError`` or an allocator's out-of-memory
     ``RuntimeError`` (``torch.OutOfMemoryError``, "can't allocate memory") that no check caught
-    becomes one line naming the input being read (see :func:`walrus.errors.reading`); an ``OSError`` about
-    a file (a path too long, an I/O error) names the file.
+    becomes one line naming the input being read (see :func:`walrus.errors.reading`); an
+    ``OSError`` about a file (a path too long, an I/O error) names the file.
 
     Set ``WALRUS_TRACEBACK=1`` to see the full traceback instead.
     """

@@ -476,12 +476,17 @@ class WalrusModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         """Finite weights whose one-step prediction on validation data is NaN or Inf (an
         overflow inside the forward pass) are broken too: stop before any checkpoint of them."""
-        if self._val_bad is not None and bool(self._val_bad):
+        bad = torch.zeros((), device=self.device)
+        if self._val_bad is not None:
+            bad = self._val_bad.to(self.device).float()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)  # all ranks stop
+        if bool(bad):
             raise NonFiniteWeightsError(
                 f"the model's one-step validation predictions are non-finite (NaN/Inf) at "
-                f"global step {self.global_step} though its weights are finite (they overflow "
-                "inside the forward pass); nothing was saved after it and the last finite "
-                "checkpoint is kept; lower optimizer.lr or check the data"
+                f"global step {self.global_step} (its weights overflow inside the forward "
+                "pass); nothing was saved after it and the last finite checkpoint is kept; "
+                "lower optimizer.lr or check the data"
             )
 
     def on_train_end(self) -> None:
