@@ -464,8 +464,9 @@ class WalrusModule(pl.LightningModule):
 
     def on_validation_start(self) -> None:
         self._val_start = self.clock()
-        if not self.trainer.sanity_checking:
-            self.check_finite_weights()  # no validation (nor best-*.ckpt) of broken weights
+        if not self.trainer.sanity_checking:  # no validation (nor best-*.ckpt) of broken weights
+            self.check_finite_loss()  # a NaN loss is the earlier, better-located cause
+            self.check_finite_weights()
         self._val_bad = None
         clear_derived(self.model)  # weights moved since the last validation, maybe unversioned
 
