@@ -317,8 +317,7 @@ class WalrusModule(pl.LightningModule):
         loss = self._rollout_loss(batch)
         self._note_loss(loss, batch, batch_idx)
         if self._logs_this_step() or len(self._unchecked) >= _MAX_UNCHECKED:
-            self.check_finite_loss()
-            self.check_finite_weights()
+            self.check_finite()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.batch_size)
         if self._rate_samples and (self._logs_this_step() or self._trainer is None):
             # the steps completed since the last logging step: per step it swings with each
@@ -417,6 +416,22 @@ class WalrusModule(pl.LightningModule):
             "optimizer.lr, check the data, or resume from an earlier checkpoint"
         )
 
+    def check_finite(self, before: str = "") -> None:
+        """:meth:`check_finite_loss` and :meth:`check_finite_weights` (``before`` goes to it),
+        raising for whichever went bad first (a loss at step N comes before that step's
+        update). Every rank takes the same order."""
+        if self._first_bad is not None and self._first_bad_weights is not None:
+            steps = torch.stack(
+                [self._first_bad, self._first_bad_weights.to(self._first_bad.device)]
+            )
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
+            loss_step, weight_step = steps.tolist()  # (2,) first bad step of each
+            if weight_step < loss_step:
+                self.check_finite_weights(before)
+        self.check_finite_loss()
+        self.check_finite_weights(before)
+
     def check_finite_loss(self) -> None:
         """Raise if a training loss since the last check was NaN or Inf (one host sync).
 
@@ -465,8 +480,7 @@ class WalrusModule(pl.LightningModule):
     def on_validation_start(self) -> None:
         self._val_start = self.clock()
         if not self.trainer.sanity_checking:  # no validation (nor best-*.ckpt) of broken weights
-            self.check_finite_loss()  # a NaN loss is the earlier, better-located cause
-            self.check_finite_weights()
+            self.check_finite()
         self._val_bad = None
         clear_derived(self.model)  # weights moved since the last validation, maybe unversioned
 
@@ -491,8 +505,7 @@ class WalrusModule(pl.LightningModule):
             )
 
     def on_train_end(self) -> None:
-        self.check_finite_loss()
-        self.check_finite_weights()
+        self.check_finite()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._logs_this_step():
@@ -620,8 +633,7 @@ class WalrusModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from walrus.checkpoint import CHECKPOINT_FORMAT
 
-        self.check_finite_loss()  # never save weights a non-finite step has touched
-        self.check_finite_weights(before="saving a checkpoint")
+        self.check_finite(before="saving a checkpoint")  # never save what a bad step touched
 
         checkpoint["walrus"] = {
             "format": CHECKPOINT_FORMAT,
