@@ -5,7 +5,13 @@ A walrus checkpoint is a Lightning checkpoint with one extra entry, ``"walrus"``
 is plain tensors, numbers, strings, lists and dicts, so it loads with
 ``torch.load(weights_only=True)`` and loading never executes code from the file.
 ``checksums`` maps the location of every tensor outside the ``"walrus"`` entry (e.g.
-``state_dict/model.encoder.weight``) to the SHA-256 of its bytes; every load verifies them.
+``state_dict/model.encoder.weight``) to the SHA-256 of its bytes, and ``content_checksum`` is
+the SHA-256 of everything else in the file: the metadata (``predict_delta``, the vocabulary,
+the normaliser, the model and data configs, the run record) and Lightning's loop, optimizer
+and callback entries, each number by its exact bits. Every load verifies both before any
+value is used. A file written before ``content_checksum`` existed still loads, with a one-line
+warning that its metadata cannot be checked. Tensor records must be stored uncompressed (as
+``torch.save`` writes them): a deflate-compressed record is refused before it is inflated.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import os
 import pickle
 import re
 import stat
+import struct
 import warnings
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,23 +78,69 @@ def _digest(tensor: torch.Tensor) -> str:
     return h.hexdigest()
 
 
+# keys of the "walrus" entry that hold the checksums themselves (left out of the content one)
+CHECKSUM_KEYS = ("checksums", "content_checksum")
+
+
+def content_checksum(ckpt: dict[str, Any]) -> str:
+    """SHA-256 of everything in a checkpoint besides tensor bytes and the checksums.
+
+    Walks the structure iteratively in storage order and hashes each key and value with its
+    kind: floats by their 8 bytes (a flipped bit changes the digest), tensors by position only
+    (:func:`tensor_checksums` covers their bytes).
+    """
+    h = hashlib.sha256()
+    stack: list[Any] = [ckpt]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            h.update(b"T")
+        elif isinstance(value, dict):
+            skip = CHECKSUM_KEYS if value is ckpt.get("walrus") else ()
+            items = [(k, v) for k, v in value.items() if k not in skip]
+            h.update(b"D%d:" % len(items))
+            for key, item in reversed(items):
+                stack.extend((item, key))  # the key is hashed before its value
+        elif isinstance(value, list | tuple):
+            h.update(b"L%d:" % len(value))
+            stack.extend(reversed(value))
+        elif isinstance(value, bool) or value is None:
+            h.update(b"B" + repr(value).encode())
+        elif isinstance(value, int):
+            h.update(b"I" + str(value).encode() + b";")
+        elif isinstance(value, float):
+            h.update(b"F" + struct.pack("<d", value))
+        elif isinstance(value, str):
+            data = value.encode("utf-8", "surrogatepass")
+            h.update(b"S%d:" % len(data) + data)
+        else:  # torch.Size, dtypes, devices...: by kind and text
+            text = f"{type(value).__name__}:{value!r}".encode("utf-8", "surrogatepass")
+            h.update(b"O%d:" % len(text) + text)
+    return h.hexdigest()
+
+
 def tensor_checksums(ckpt: dict[str, Any]) -> dict[str, str]:
     """SHA-256 per tensor of a checkpoint (outside its ``"walrus"`` entry), in storage order."""
     return {name: _digest(t) for name, t in _tensors(ckpt)}
 
 
 def with_checksums(ckpt: dict[str, Any]) -> dict[str, Any]:
-    """``ckpt`` with ``walrus.checksums`` filled in (a shallow copy; no-op without ``"walrus"``)."""
+    """``ckpt`` with ``walrus.checksums`` and ``walrus.content_checksum`` filled in (a shallow
+    copy; no-op without ``"walrus"``)."""
     if not isinstance(ckpt.get("walrus"), dict):
         return ckpt
-    return {**ckpt, "walrus": {**ckpt["walrus"], "checksums": tensor_checksums(ckpt)}}
+    out = {**ckpt, "walrus": {**ckpt["walrus"], "checksums": tensor_checksums(ckpt)}}
+    out["walrus"]["content_checksum"] = content_checksum(out)
+    return out
 
 
 def verify_checksums(ckpt: dict[str, Any], path: str | os.PathLike) -> None:
-    """Check every tensor against ``walrus.checksums``; warn when a walrus checkpoint has none.
+    """Check everything but the tensors against ``walrus.content_checksum``, then every tensor
+    against ``walrus.checksums``; warn (one line) when a walrus checkpoint lacks either.
 
     Raises:
-        ValueError: naming the file and the first tensor that is missing, extra or altered.
+        ValueError: naming the file and what is altered: its metadata, or the first tensor that
+            is missing, extra or altered.
     """
     meta = ckpt.get("walrus")
     if not isinstance(meta, dict):
@@ -101,6 +155,19 @@ def verify_checksums(ckpt: dict[str, Any], path: str | os.PathLike) -> None:
         return
     if not isinstance(stored, dict):
         raise ValueError(f"checkpoint {path}: walrus.checksums is a {type(stored).__name__}")
+    content = meta.get("content_checksum")
+    if content is None:
+        warnings.warn(
+            f"checkpoint {path} has no metadata checksum (written by an older walrus); "
+            "corruption of its settings (vocabulary, normaliser, configs) cannot be detected",
+            stacklevel=3,
+        )
+    elif content != content_checksum(ckpt):
+        raise ValueError(
+            f"checkpoint {path} is corrupt: its metadata (settings, vocabulary, normaliser, "
+            "configs or training state) does not match its stored checksum (damaged copy or "
+            "disk?); use another checkpoint"
+        )
     found = dict(_tensors(ckpt))
     for name in [*stored, *(k for k in found if k not in stored)]:
         if name not in found or name not in stored or _digest(found[name]) != stored[name]:
@@ -116,7 +183,8 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to a temporary file beside ``path``, then rename over it.
 
     A walrus checkpoint (a dict with a ``"walrus"`` entry) gets its tensor checksums stored.
-    A full disk raises :class:`~walrus.errors.DiskFullError` naming ``path``.
+    A full disk, quota or file-size limit raises :class:`~walrus.errors.DiskFullError` naming
+    ``path``.
     """
     if isinstance(obj, dict):
         obj = with_checksums(obj)
@@ -128,7 +196,11 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, f)
         except RuntimeError as e:
             cause = e.__context__
-            if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            if isinstance(cause, OSError) and cause.errno in (
+                errno.ENOSPC,
+                errno.EDQUOT,
+                errno.EFBIG,
+            ):
                 raise cause from None  # atomic_path turns it into DiskFullError
             raise
 
@@ -194,6 +266,8 @@ def _load_checkpoint_file(path: Path, map_location: Any) -> dict[str, Any]:
             ".ckpt file"
         )
     kind = sniff_format(path)
+    if kind == "zip":
+        _check_zip_records(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except PermissionError:
@@ -225,6 +299,30 @@ def _load_checkpoint_file(path: Path, map_location: Any) -> dict[str, Any]:
     _check_nesting(ckpt, path)
     verify_checksums(ckpt, path)
     return ckpt
+
+
+def _check_zip_records(path: Path) -> None:
+    """Refuse an archive with a compressed record, or one declaring more bytes than it holds,
+    from its directory alone (nothing is inflated). ``torch.save`` stores records uncompressed;
+    an archive Python cannot read is left to ``torch.load`` to report."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return
+    size = path.stat().st_size
+    for info in records:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(
+                f"checkpoint {path}: record {info.filename[:80]!r} is compressed; PyTorch "
+                "checkpoints store records uncompressed, so this file was not written by "
+                "torch.save (refused before inflating it)"
+            )
+        if info.file_size != info.compress_size or info.file_size > size:
+            raise ValueError(
+                f"checkpoint {path}: record {info.filename[:80]!r} declares {info.file_size} "
+                "bytes, more than the file holds (corrupt or crafted)"
+            )
 
 
 def walrus_meta(ckpt: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:

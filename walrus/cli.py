@@ -17,8 +17,10 @@ from walrus.errors import (
     CommandInterrupted,
     DiskFullError,
     NonFiniteLossError,
+    NonFiniteWeightsError,
     TrainingInterrupted,
 )
+from walrus.memory import is_allocator_error
 from walrus.run_files import log_line, remove_new_empty_folders
 
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError)
@@ -70,10 +72,11 @@ def run_cli(fn: Callable[[], Any]) -> Any:
     """Run ``fn``; on a user error print ``error: ...`` and exit with status 2.
 
     Training stopped by SIGTERM (checkpoint saved) exits with status 143 instead, an
-    inference command stopped by SIGTERM or SIGINT with 143 or 130. A
-    ``MemoryError``, ``RecursionError`` or ``OverflowError`` that no check caught becomes one
-    line naming the input being read (see :func:`walrus.errors.reading`); an ``OSError`` about
-    a file (a path too long, an I/O error) names the file.
+    inference command stopped by SIGTERM or SIGINT with 143 or 130. A ``MemoryError``,
+    ``RecursionError``, ``OverflowError`` or an allocator's out-of-memory ``RuntimeError``
+    (``torch.OutOfMemoryError``, "can't allocate memory") that no check caught becomes one line
+    naming the input being read (see :func:`walrus.errors.reading`); an ``OSError`` about a file
+    (a path too long, an I/O error) names the file.
 
     Set ``WALRUS_TRACEBACK=1`` to see the full traceback instead.
     """
@@ -89,7 +92,13 @@ def run_cli(fn: Callable[[], Any]) -> Any:
         if os.environ.get("WALRUS_TRACEBACK"):
             raise
         _fail(f"{_short_path(e.filename)} exists and is not a directory")
-    except (*USER_ERRORS, *CONFIG_ERRORS, DiskFullError, NonFiniteLossError) as e:
+    except (
+        *USER_ERRORS,
+        *CONFIG_ERRORS,
+        DiskFullError,
+        NonFiniteLossError,
+        NonFiniteWeightsError,
+    ) as e:
         if os.environ.get("WALRUS_TRACEBACK"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
@@ -107,11 +116,14 @@ def run_cli(fn: Callable[[], Any]) -> Any:
             _fail(f"{e.strerror or type(e).__name__}: {_short_path(e.filename)}")
         lines = str(e).strip().splitlines() or [type(e).__name__]  # e.g. h5py's I/O errors
         _fail(f"{lines[0][:300]} (set WALRUS_TRACEBACK=1 for details)")
-    except RESOURCE_ERRORS as e:
-        if os.environ.get("WALRUS_TRACEBACK"):
+    except (*RESOURCE_ERRORS, RuntimeError) as e:
+        if os.environ.get("WALRUS_TRACEBACK") or not (
+            isinstance(e, RESOURCE_ERRORS) or is_allocator_error(e)
+        ):
             raise
         what = getattr(e, "walrus_input", None) or "this run (its options or input files)"
-        _fail(f"{what} asks for more than this machine can give ({type(e).__name__})")
+        kind = type(e).__name__ if isinstance(e, RESOURCE_ERRORS) else "out of memory"
+        _fail(f"{what} asks for more than this machine can give ({kind})")
 
 
 def run_hydra_main(main: Callable[[], Any]) -> Any:

@@ -12,6 +12,12 @@ class NonFiniteLossError(RuntimeError):
     """Raised when the training loss is NaN or Inf; the message names the step and batch."""
 
 
+class NonFiniteWeightsError(RuntimeError):
+    """Raised when a model parameter, or its one-step validation prediction, is NaN or Inf;
+    nothing is saved after it, so the last finite checkpoint is kept. The message names the
+    step and, where one is, the first non-finite parameter."""
+
+
 class RolloutDivergedError(ValueError):
     """A rollout prediction held NaN or Inf.
 
@@ -85,11 +91,15 @@ RESOURCE_ERRORS = (MemoryError, RecursionError, OverflowError)
 @contextlib.contextmanager
 def reading(what: str) -> Iterator[None]:
     """Name the input being processed (``"checkpoint PATH"``, ``"option data.x"``) on any
-    :data:`RESOURCE_ERRORS` raised inside, as its ``walrus_input`` attribute; the innermost
-    name wins. ``walrus.cli.run_cli`` reports it."""
+    :data:`RESOURCE_ERRORS` or allocator ``RuntimeError`` raised inside, as its
+    ``walrus_input`` attribute; the innermost name wins. ``walrus.cli.run_cli`` reports it."""
+    from walrus.memory import is_allocator_error
+
     try:
         yield
-    except RESOURCE_ERRORS as e:
+    except (*RESOURCE_ERRORS, RuntimeError) as e:
+        if not isinstance(e, RESOURCE_ERRORS) and not is_allocator_error(e):
+            raise
         if getattr(e, "walrus_input", None) is None:
             with contextlib.suppress(AttributeError):
                 e.walrus_input = what  # type: ignore[attr-defined]

@@ -131,6 +131,8 @@ def infer(command: str, *overrides: str) -> dict[str, Any]:
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from walrus.inference import COMMANDS, run
 
@@ -144,6 +146,10 @@ def infer(command: str, *overrides: str) -> dict[str, Any]:
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(config_name="infer", overrides=[*overrides, f"command={command}"])
+    except (HydraException, OmegaConfBaseException) as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        detail = " ".join(ln for ln in lines if not ln.startswith(("See https", "^")))
+        raise ValueError(f"bad override in {list(overrides)!r}: {detail}"[:500]) from None
     finally:
         GlobalHydra.instance().clear()
     return run(cfg)

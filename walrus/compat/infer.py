@@ -47,8 +47,41 @@ def _processor_shapes(state: Mapping[str, Tensor], dim: int) -> tuple[int, int, 
 
 def _official_heads(official: Mapping[str, Any]) -> Any:
     """``num_heads`` of an official config, top level or under ``processor.space_mixing``."""
-    space = (official.get("processor") or {}).get("space_mixing") or {}
+    processor = official.get("processor") or {}
+    if not isinstance(processor, Mapping):
+        raise ValueError(f"official config processor={processor!r} must be a mapping")
+    space = processor.get("space_mixing") or {}
+    if not isinstance(space, Mapping):
+        raise ValueError(f"official config processor.space_mixing={space!r} must be a mapping")
     return official.get("num_heads", space.get("num_heads"))
+
+
+def _flag(settings: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A true/false setting of an official config (``default`` when unset)."""
+    value = settings.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"official config {key}={value!r} must be true or false")
+    return value
+
+
+def _drop_path(settings: Mapping[str, Any], default: float) -> float:
+    drop = settings.get("drop_path", default)
+    if isinstance(drop, bool) or not isinstance(drop, int | float) or not 0 <= drop < 1:
+        raise ValueError(f"official config drop_path={drop!r} must be a number in [0, 1)")
+    return float(drop)
+
+
+def _groups(settings: Mapping[str, Any], dim: int, inter: int) -> int:
+    """Norm groups: the config's when they divide both widths, else the largest of at most 16
+    that does (no numerical effect: the official norms are per channel)."""
+    groups = settings.get("groups")
+    if groups is not None and (
+        isinstance(groups, bool) or not isinstance(groups, int) or groups < 1
+    ):
+        raise ValueError(f"official config groups={groups!r} must be an integer >= 1")
+    if groups is None or dim % groups or inter % groups:
+        groups = math.gcd(math.gcd(dim, inter), 16)
+    return groups
 
 
 def infer_config(
@@ -90,9 +123,7 @@ def infer_config(
         },
         source,
     )
-    groups = official.get("groups")
-    if not isinstance(groups, int) or dim % groups or inter % groups:
-        groups = math.gcd(math.gcd(dim, inter), 16)
+    groups = _groups(official, dim, inter)
     include_d = [int(d) for d in present(state, r"embed\.(\d)\.")]
     return {
         "_target_": MODEL_TARGET,
@@ -103,13 +134,13 @@ def infer_config(
         "projection_dim": proj,
         "intermediate_dim": inter,
         "mlp_ratio": mlp_dim / dim,
-        "causal": bool(official.get("causal_in_time", True)),
+        "causal": _flag(official, "causal_in_time", True),
         "groups": groups,
         "kernel_sizes": [k1, k2],
         "target_latent": [32, 32, 16],
         "include_d": include_d,
-        "jitter": bool(official.get("jitter_patches", True)),
-        "drop_path": float(official.get("drop_path", 0.0)),
+        "jitter": _flag(official, "jitter_patches", True),
+        "drop_path": _drop_path(official, 0.0),
         "rope_max_freq": _rope_max_freq(state),
         "rel_pos_buckets": buckets,
         "rel_pos_max_distance": 32,  # the official call never passes its 128
@@ -149,14 +180,9 @@ def _infer_current_config(
             )
     settings = {**RELEASED_MODEL, **official}
     for key in ("causal_in_time", "jitter_patches", "use_periodic_fixed_jitter"):
-        if not isinstance(settings[key], bool):
-            raise ValueError(f"official config {key}={settings[key]!r} must be true or false")
-    drop = settings["drop_path"]
-    if isinstance(drop, bool) or not isinstance(drop, int | float) or not 0 <= drop < 1:
-        raise ValueError(f"official config drop_path={drop!r} must be a number in [0, 1)")
-    groups = settings["groups"]  # no numerical effect: the official norms are per channel
-    if not isinstance(groups, int) or dim % groups or inter % groups:
-        groups = math.gcd(math.gcd(dim, inter), 16)
+        _flag(settings, key, True)
+    drop = _drop_path(settings, 0.0)
+    groups = _groups(settings, dim, inter)
     jitter = settings["jitter_patches"]
     return {
         "_target_": MODEL_TARGET,
@@ -173,7 +199,7 @@ def _infer_current_config(
         "include_d": [int(d) for d in present(state, r"embed\.(\d)\.")],
         "jitter": jitter,
         "latent_roll": jitter,  # the official model rolls the latent whenever it jitters
-        "drop_path": float(drop),
+        "drop_path": drop,
         "rope_max_freq": _rope_max_freq(state),
         "rel_pos_buckets": buckets,
         "rel_pos_max_distance": 32,  # the official call never passes its 128

@@ -160,6 +160,8 @@ def read_fields(
         fields = field_map(fields)
     if isinstance(fields, Mapping):
         index = {str(k): v for k, v in fields.items()}
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in index.values()):
+            raise ValueError(f"{source}: a name -> index mapping must map each name to an integer")
         if sorted(index.values()) != list(range(len(index))):
             raise ValueError(
                 f"{source}: a name -> index mapping must use each index 0..{len(index) - 1} once"

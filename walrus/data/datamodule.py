@@ -29,7 +29,7 @@ from walrus.data.storage import (
 )
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset, evenly_spaced
-from walrus.data.well_file import DEFAULT_MAX_SAMPLE_BYTES, WellFile, list_split_files
+from walrus.data.well_file import WellFile, list_split_files
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,11 @@ class DatasetSpec:
 def parse_dataset_specs(datasets: Sequence[str | Mapping[str, Any]] | str) -> list[DatasetSpec]:
     if isinstance(datasets, str):
         datasets = [datasets]
+    if not isinstance(datasets, Sequence):
+        raise ValueError(
+            "data.datasets must be a dataset name or a list of names (or of name/weight/fields "
+            f"mappings), got {str(datasets)[:100]!r}"
+        )
     specs = []
     for entry in datasets:
         if isinstance(entry, str):
@@ -140,7 +145,7 @@ class WellDataModule(L.LightningDataModule):
         max_val_windows: int | None = 256,
         batches_per_epoch: int | None = None,
         val_steps_output: int | None = None,
-        max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
+        max_sample_bytes: int | None = None,
     ) -> None:
         super().__init__()
         if normalization not in ("rms", "zscore"):

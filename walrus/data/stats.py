@@ -178,13 +178,16 @@ def _flatten(out: dict[str, float], name: str, value: Any, dims: Sequence[str], 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m walrus.data.stats DIR``; bad or missing data is one ``error:`` line, exit 2."""
+    from walrus.cli import run_cli
+
     parser = argparse.ArgumentParser(
         prog="python -m walrus.data.stats", description="Compute stats.yaml of a Well dataset."
     )
     parser.add_argument("dataset_dir", help="ROOT/DATASET, holding data/train/*.hdf5")
     parser.add_argument("--split", default="train")
     args = parser.parse_args(argv)
-    path = write_stats(args.dataset_dir, args.split)
+    path = run_cli(lambda: write_stats(args.dataset_dir, args.split))
     print(f"wrote {path}")
 
 

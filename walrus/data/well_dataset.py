@@ -21,7 +21,8 @@ from torch.utils.data import Dataset
 from walrus.data.batch import Batch
 from walrus.data.storage import Location, as_location, join
 from walrus.data.vocab import FieldVocabulary
-from walrus.data.well_file import DEFAULT_MAX_SAMPLE_BYTES, WellFile, list_split_files, open_h5
+from walrus.data.well_file import WellFile, list_split_files, open_h5
+from walrus.memory import default_max_sample_bytes
 
 # Windows one split may hold: samplers build an index list per epoch, so more is refused.
 MAX_WINDOWS = 10**8
@@ -78,14 +79,14 @@ class WellDataset(Dataset):
         fields: Sequence[str] | None = None,
         train: bool = False,
         check_finite: bool = True,
-        max_sample_bytes: int | None = DEFAULT_MAX_SAMPLE_BYTES,
+        max_sample_bytes: int | None = None,
     ) -> None:
         if n_steps_input < 1 or n_steps_output < 0:
             raise ValueError(
                 f"need n_steps_input >= 1 and n_steps_output >= 0, got {n_steps_input}, {n_steps_output}"
             )
         if max_sample_bytes is None:
-            max_sample_bytes = DEFAULT_MAX_SAMPLE_BYTES
+            max_sample_bytes = default_max_sample_bytes()
         if (
             isinstance(max_sample_bytes, bool)
             or not isinstance(max_sample_bytes, int)

@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 from walrus.bcs import BoundaryType
+from walrus.memory import default_max_sample_bytes
 from walrus.data.storage import (
     Location,
     as_location,
@@ -47,9 +48,6 @@ SPLITS = ("train", "valid", "test")
 # Arrays read whole when a file is opened (time, coordinates, scalars, boundary masks) and the
 # trajectory count may not declare more entries than this; fields are read one window at a time.
 MAX_WHOLE_ENTRIES = 10**7
-# Default bound on the bytes of one read (a window, or a rollout's frames), option
-# ``data.max_sample_bytes``; checked before anything is allocated.
-DEFAULT_MAX_SAMPLE_BYTES = 8 << 30
 
 
 def _one_line(e: BaseException) -> str:
@@ -563,13 +561,17 @@ class WellFile:
         self,
         selection: list[tuple[FieldInfo, list[int]]],
         n_frames: int,
-        max_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
+        max_bytes: int | None = None,
     ) -> None:
-        """Refuse a read of ``n_frames`` frames of ``selection`` needing more than ``max_bytes``.
+        """Refuse a read of ``n_frames`` frames of ``selection`` needing more than ``max_bytes``
+        (``None``: :func:`walrus.memory.default_max_sample_bytes`, a share of the memory
+        available).
 
         Counts the float32 result and the largest single field read (all its components, in
         the stored dtype), from declared shapes only; nothing is allocated.
         """
+        if max_bytes is None:
+            max_bytes = default_max_sample_bytes()
         n_pts = math.prod(self.spatial_shape)
         n_chan = sum(len(comps) for _, comps in selection)
         out_bytes = n_frames * n_chan * n_pts * 4
@@ -610,7 +612,7 @@ class WellFile:
         n_frames: int,
         stride: int = 1,
         check_finite: bool = True,
-        max_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
+        max_bytes: int | None = None,
     ) -> np.ndarray:
         """Read frames ``start, start+stride, ...`` (``n_frames`` of them) of one trajectory.
 
@@ -643,6 +645,12 @@ class WellFile:
             if fi.time_varying:
                 idx += (slice(start, stop, stride),)
             ds = self._dataset(handle, fi)
+            if ds.size and not ds.id.get_storage_size():
+                raise ValueError(
+                    f"{p}: field {ds_name!r} declares {ds.size:,} values "
+                    f"({'x'.join(map(str, ds.shape))}) but none was ever written (an empty "
+                    "or crafted file?)"
+                )
             try:
                 arr = ds[idx] if idx else ds[()]
             except (OSError, KeyError, RuntimeError, ValueError) as e:

@@ -28,6 +28,7 @@ from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS, WellFile, list_split_files
 from walrus.errors import reading
 from walrus.hub import open_checkpoint
+from walrus.memory import default_max_sample_bytes
 from walrus.model.compile import compile_mode, compile_model
 from walrus.model.config import MAX_SIZE
 from walrus.run_files import is_first_process, write_run_files
@@ -184,6 +185,10 @@ def resolve_data_config(
     root = resolve_data_root(data_dir, override.pop("root", None))
     data = {k: v for k, v in ckpt.data_config.items() if k in DATA_KEYS}
     data.update({k: v for k, v in override.items() if k in DATA_KEYS and v is not None})
+    inherited = data.get("max_sample_bytes") if override.get("max_sample_bytes") is None else None
+    if isinstance(inherited, int) and not isinstance(inherited, bool):
+        # the training machine's bound: never above what this machine has
+        data["max_sample_bytes"] = min(inherited, default_max_sample_bytes())
     if root is not None:
         data["root"] = root
     if not data.get("root") or not data.get("datasets"):

@@ -143,8 +143,14 @@ class BestCheckpoint(ModelCheckpoint):
 
     On resume, ``ModelCheckpoint`` restores the paths of the best checkpoints from the file and
     later deletes the worst of them. A checkpoint is data: a stored path outside ``dirpath`` (or
-    one that is not a string) is dropped with a warning instead of ever being deleted.
+    one that is not a string) is dropped with a warning instead of ever being deleted. A
+    non-finite score (NaN/Inf) never becomes a best checkpoint.
     """
+
+    def check_monitor_top_k(self, trainer: pl.Trainer, current: torch.Tensor | None = None) -> bool:
+        if current is not None and not bool(torch.isfinite(torch.as_tensor(current)).all()):
+            return False
+        return super().check_monitor_top_k(trainer, current)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)

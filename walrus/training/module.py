@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from walrus import metrics
 from walrus.data.batch import Batch
 from walrus.data.normalization import RMSNormalizer
-from walrus.errors import NonFiniteLossError
+from walrus.errors import NonFiniteLossError, NonFiniteWeightsError
 from walrus.model.compile import compile_model
 from walrus.model.fast_blocks import clear_derived
 from walrus.rollout import rollout
@@ -196,6 +196,10 @@ class WalrusModule(pl.LightningModule):
         self._first_bad: Tensor | None = None
         self._bad_loss: Tensor | None = None
         self._unchecked: dict[int, tuple[int, dict[str, Any]]] = {}
+        # Non-finite weights: first optimizer step after which a parameter was NaN or Inf, and
+        # whether a validation loss was, on the parameters' device (read at checks only).
+        self._first_bad_weights: Tensor | None = None
+        self._val_bad: Tensor | None = None
         self._named_constant: set[tuple[str, str]] = set()  # (dataset, field) already named
 
     def forward(self, x: Tensor, fields: Tensor, bcs: Tensor) -> Tensor:
@@ -313,7 +317,7 @@ class WalrusModule(pl.LightningModule):
         loss = self._rollout_loss(batch)
         self._note_loss(loss, batch, batch_idx)
         if self._logs_this_step() or len(self._unchecked) >= _MAX_UNCHECKED:
-            self.check_finite_loss()
+            self.check_finite()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.batch_size)
         if self._rate_samples and (self._logs_this_step() or self._trainer is None):
             # the steps completed since the last logging step: per step it swings with each
@@ -342,6 +346,91 @@ class WalrusModule(pl.LightningModule):
         self._first_bad = torch.where(first, self.global_step, self._first_bad)
         self._bad_loss = torch.where(first, loss.detach().float(), self._bad_loss)
         self._unchecked[self.global_step] = (batch_idx, batch.metadata)
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self._note_weights()
+
+    def _local_params(self, trainable: bool = True) -> list[Tensor]:
+        """The (trainable) parameters as plain tensors (a sharded parameter's local shard)."""
+        params = [p.detach() for p in self.model.parameters() if p.requires_grad or not trainable]
+        return [p.to_local() if hasattr(p, "to_local") else p for p in params]
+
+    def _note_weights(self) -> None:
+        """Record, on the device (no host sync), the first step after which a parameter is not
+        finite: one max-abs pass over the parameters (NaN propagates through it)."""
+        params = self._local_params()
+        if not params:
+            return
+        worst = _max_abs(params)  # ()
+        if self._first_bad_weights is None or self._first_bad_weights.device != worst.device:
+            self._first_bad_weights = torch.full(
+                (), _NO_STEP, dtype=torch.long, device=worst.device
+            )
+        first = ~torch.isfinite(worst) & (self._first_bad_weights == _NO_STEP)  # () bool
+        self._first_bad_weights = torch.where(first, self.global_step, self._first_bad_weights)
+
+    def first_nonfinite_parameter(self) -> str | None:
+        """The name of the first model parameter holding NaN or Inf here (a host sync)."""
+        for name, p in self.model.named_parameters():
+            local = p.detach().to_local() if hasattr(p, "to_local") else p.detach()
+            if not bool(torch.isfinite(local).all()):
+                return name
+        return None
+
+    def check_finite_weights(self, before: str = "") -> None:
+        """Raise if an optimizer step since training started left a parameter NaN or Inf, or,
+        with ``before`` (what is about to happen, e.g. ``"saving a checkpoint"``), if any
+        parameter is non-finite now (one max-abs pass). One host sync; under DDP or FSDP every
+        rank takes part, and all raise together.
+
+        Raises:
+            NonFiniteWeightsError: naming the first bad step and parameter.
+        """
+        params = self._local_params(trainable=False)
+        if not params or (self._first_bad_weights is None and not before):
+            return
+        device = params[0].device
+        step = self._first_bad_weights
+        if step is None:
+            step = torch.full((), _NO_STEP, dtype=torch.long, device=device)
+        now = torch.zeros((), dtype=torch.long, device=device)
+        if before:
+            now = ~torch.isfinite(_max_abs(params))
+        flag = torch.stack([step.to(device), -now.long()])  # (2,): min over ranks of both
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        first, bad_now = (int(v) for v in flag.tolist())
+        if first >= _NO_STEP and not bad_now:
+            return
+        name = self.first_nonfinite_parameter()
+        when = (
+            f"after the optimizer step at global step {first}"
+            if first < _NO_STEP
+            else f"before {before} at global step {self.global_step}"
+        )
+        raise NonFiniteWeightsError(
+            f"model weights became non-finite (NaN/Inf) {when}"
+            + (f" (first: {name})" if name else " (on another rank)")
+            + "; nothing was saved after it and the last finite checkpoint is kept; lower "
+            "optimizer.lr, check the data, or resume from an earlier checkpoint"
+        )
+
+    def check_finite(self, before: str = "") -> None:
+        """:meth:`check_finite_loss` and :meth:`check_finite_weights` (``before`` goes to it),
+        raising for whichever went bad first (a loss at step N comes before that step's
+        update). Every rank takes the same order."""
+        if self._first_bad is not None and self._first_bad_weights is not None:
+            steps = torch.stack(
+                [self._first_bad, self._first_bad_weights.to(self._first_bad.device)]
+            )
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
+            loss_step, weight_step = steps.tolist()  # (2,) first bad step of each
+            if weight_step < loss_step:
+                self.check_finite_weights(before)
+        self.check_finite_loss()
+        self.check_finite_weights(before)
 
     def check_finite_loss(self) -> None:
         """Raise if a training loss since the last check was NaN or Inf (one host sync).
@@ -390,14 +479,33 @@ class WalrusModule(pl.LightningModule):
 
     def on_validation_start(self) -> None:
         self._val_start = self.clock()
+        if not self.trainer.sanity_checking:  # no validation (nor best-*.ckpt) of broken weights
+            self.check_finite()
+        self._val_bad = None
         clear_derived(self.model)  # weights moved since the last validation, maybe unversioned
 
     def on_validation_end(self) -> None:
         # validation time is not training time: move the samples/s interval's start past it
         self._step_start += self.clock() - self._val_start
 
+    def on_validation_epoch_end(self) -> None:
+        """Finite weights whose one-step prediction on validation data is NaN or Inf (an
+        overflow inside the forward pass) are broken too: stop before any checkpoint of them."""
+        bad = torch.zeros((), device=self.device)
+        if self._val_bad is not None:
+            bad = self._val_bad.to(self.device).float()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)  # all ranks stop
+        if bool(bad):
+            raise NonFiniteWeightsError(
+                f"the model's one-step validation predictions are non-finite (NaN/Inf) at "
+                f"global step {self.global_step} (its weights overflow inside the forward "
+                "pass); nothing was saved after it and the last finite checkpoint is kept; "
+                "lower optimizer.lr or check the data"
+            )
+
     def on_train_end(self) -> None:
-        self.check_finite_loss()
+        self.check_finite()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._logs_this_step():
@@ -412,7 +520,10 @@ class WalrusModule(pl.LightningModule):
         x_n, target, stats = self._targets(batch.input_fields, frames, 0, names)
         pred = self(x_n, batch.field_ids, batch.bcs)
         b = batch.batch_size
-        self.log("val/loss", normalized_loss(pred, target, self.loss_kind), batch_size=b)
+        val_loss = normalized_loss(pred, target, self.loss_kind)
+        bad = ~torch.isfinite(val_loss.detach())  # () bool, read once per validation
+        self._val_bad = bad if self._val_bad is None else self._val_bad | bad
+        self.log("val/loss", val_loss, batch_size=b)
 
         n_sp = batch.n_spatial
         last = batch.input_fields[:, -1:].float()  # (B, 1, C, *S)
@@ -522,7 +633,7 @@ class WalrusModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from walrus.checkpoint import CHECKPOINT_FORMAT
 
-        self.check_finite_loss()  # never save weights a non-finite step has touched
+        self.check_finite(before="saving a checkpoint")  # never save what a bad step touched
 
         checkpoint["walrus"] = {
             "format": CHECKPOINT_FORMAT,
@@ -547,6 +658,12 @@ class _FirstOutputGiven:
             out, self.first = self.first, None
             return out
         return self.model(x, fields, bcs, **kwargs)
+
+
+def _max_abs(tensors: list[Tensor]) -> Tensor:
+    """``()`` the largest ``|x|`` over ``tensors`` (NaN if any holds NaN), one fused pass per
+    device and dtype (the kernel ``clip_grad_norm_`` uses)."""
+    return torch.stack(torch._foreach_norm(tensors, math.inf)).amax()
 
 
 def _as_list(value: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import shlex
 import sys
 from collections.abc import Iterator
@@ -33,11 +34,14 @@ def stop_reason(trainer: pl.Trainer) -> str:
 
 
 def _best(trainer: pl.Trainer) -> tuple[str, str] | None:
-    """``(path, "monitor = score")`` of the best checkpoint written, if any."""
+    """``(path, "monitor = score")`` of the best checkpoint written, if any; one whose score
+    is NaN or Inf is never recommended."""
     for cb in trainer.checkpoint_callbacks:
         path = getattr(cb, "best_model_path", "")
+        score = getattr(cb, "best_model_score", None)
+        if score is not None and not math.isfinite(float(score)):
+            continue
         if path and Path(path).is_file():
-            score = getattr(cb, "best_model_score", None)
             value = f"{float(score):.4g}" if score is not None else "?"
             return path, f"{cb.monitor} = {value}"
     return None

@@ -33,6 +33,7 @@ from walrus.data.normalization import ZScoreNormalizer, build_normalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.errors import TrainingInterrupted
 from walrus.hub import open_checkpoint
+from walrus.memory import check_model_fits
 from walrus.model.config import WalrusConfig
 from walrus.options import check_option_types
 from walrus.run_files import is_first_process, write_run_files
@@ -258,6 +259,7 @@ def _train(
         model_cfg.setdefault("include_d", datamodule.spatial_dims)
     if source:  # sizes checked against the stored weights before anything is allocated
         check_config_fits(model_cfg, model_state_dict(ckpt, source), source)
+    check_model_fits(model_cfg, "train")  # weights, gradients, AdamW state vs free memory
     try:
         model = build_model(model_cfg)
     except ValueError as e:
