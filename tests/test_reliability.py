@@ -226,6 +226,72 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tiny_data_root, tmp_path):
     assert _step(last) == 2
 
 
+class SigintAt(pl.Callback):
+    """Sends this process a real SIGINT (what Ctrl-C sends) in the middle of training step
+    ``step``, between its backward pass and its optimizer step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step + 1 == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_saves_a_checkpoint_prints_the_resume_command_and_exits_130(
+    tiny_data_root, tmp_path
+):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env.pop("WALRUS_TRACEBACK", None)
+    args = [*tiny_train_overrides(tiny_data_root, tmp_path), "trainer.limit_train_batches=6"]
+    r = subprocess.run(
+        [
+            sys.executable, "train.py", *args, "trainer.max_epochs=3",
+            "+callbacks.int._target_=tests.test_reliability.SigintAt", "+callbacks.int.step=2",
+        ],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert "Ctrl-C (SIGINT) at step 2" in r.stderr
+    assert f"resume with: python train.py ckpt_path={last}" in r.stderr
+    assert "Traceback" not in r.stderr and "graceful shutdown" not in r.stderr
+    assert _step(last) == 2
+
+
+def test_ctrl_c_stop_is_noted_and_the_handler_restored(compose_cfg, tiny_data_root, tmp_path):
+    from walrus.errors import TrainingInterrupted
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted, match="Ctrl-C") as info:
+        _train(
+            compose_cfg, tiny_data_root, tmp_path, "trainer.limit_train_batches=4",
+            "+callbacks.int._target_=tests.test_reliability.SigintAt", "+callbacks.int.step=3",
+        )  # fmt: skip
+    assert info.value.exit_status == 130
+    assert signal.getsignal(signal.SIGINT) is before  # Ctrl-C quits a later session again
+    assert _step(tmp_path / "checkpoints" / "last.ckpt") == 3
+
+
+class _SigintDisposition(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> bool:
+        return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_data_workers_ignore_ctrl_c_so_the_step_can_finish():
+    from walrus.data.datamodule import worker_init
+
+    loader = torch.utils.data.DataLoader(
+        _SigintDisposition(), num_workers=1, worker_init_fn=worker_init, batch_size=None
+    )
+    assert list(loader) == [True]
+    plain = torch.utils.data.DataLoader(_SigintDisposition(), num_workers=1, batch_size=None)
+    assert list(plain) == [False]
+
+
 # ---------------------------------------------------------------------- atomic writes
 
 

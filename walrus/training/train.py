@@ -38,7 +38,7 @@ from walrus.options import check_option_types
 from walrus.run_files import write_run_files
 from walrus.training.budget import TimeBudget
 from walrus.training.callbacks import DataPositionCallback, RNGStateCallback
-from walrus.training.checkpointing import LastCheckpoint, check_resume_state
+from walrus.training.checkpointing import CtrlCStop, LastCheckpoint, check_resume_state
 from walrus.training.loggers import (
     finish_wandb_runs,
     is_wandb_config,
@@ -338,6 +338,8 @@ def _train(
         _record_model(cfg, out_dir, model.config, source)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except CtrlCStop:
+        raise TrainingInterrupted(trainer.global_step, str(last.path), "SIGINT") from None
     except SIGTERMException:
         raise TrainingInterrupted(trainer.global_step, str(last.path)) from None
     finally:
