@@ -30,8 +30,10 @@ def _module_and_batch(dtype: torch.dtype = torch.float32) -> tuple[WalrusModule,
 def _validate(module: WalrusModule, batch: Batch) -> dict[str, float]:
     logged: dict[str, float] = {}
     module.log = lambda name, value, **kw: logged.__setitem__(name, float(value))  # no trainer
+    module.on_validation_epoch_start()
     with torch.no_grad():
         module.validation_step(batch, 0)
+    module.on_validation_epoch_end()
     return logged
 
 

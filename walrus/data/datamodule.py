@@ -365,6 +365,7 @@ class WellDataModule(L.LightningDataModule):
             seed=self.seed,
             num_replicas=world,
             rank=rank,
+            pad=True,  # every window is evaluated; the module leaves the repeats out
         )
         return self._loader(members, sampler)
 
