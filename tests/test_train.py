@@ -498,6 +498,18 @@ def test_progress_lines_when_stdout_is_not_a_terminal(
     assert [re.fullmatch(pattern, ln).group(1) for ln in lines] == ["1", "2"], lines
 
 
+def test_progress_line_shows_the_time_budget_when_it_binds(
+    compose_cfg, tiny_data_root, tmp_path, capsys
+):
+    # 100 s of fake time at 10 s a step ends the run long before its 200 steps
+    _time_capped(compose_cfg, tiny_data_root, tmp_path, "callbacks.progress_line.every_n_steps=1")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if re.match(r"step \d", ln)]
+    lines = lines[1:]  # at the first line the budget has timed no step on its (fake) clock
+    assert lines and all("/200" not in ln for ln in lines), lines
+    steps = [re.match(r"step (\d+)  time 0:0[01]:\d\d/0:01:40  loss ", ln) for ln in lines]
+    assert all(steps) and steps[-1].group(1) == "9", lines
+
+
 def test_progress_line_is_silent_on_a_terminal(compose_cfg, tiny_data_root, tmp_path, capsys):
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
