@@ -339,6 +339,20 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
 
+def test_resume_does_not_warn_that_its_checkpoint_folder_is_not_empty(
+    compose_cfg, tiny_data_root, tmp_path
+):
+    import warnings
+
+    _train(compose_cfg, tiny_data_root, tmp_path)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _train(compose_cfg, tiny_data_root, tmp_path, "trainer.max_epochs=2", f"ckpt_path={last}")
+    assert _step(last) == 4  # it did resume and train
+    assert not [w for w in caught if "exists and is not empty" in str(w.message)]
+
+
 def test_resuming_a_finished_run_keeps_its_metrics(compose_cfg, tiny_data_root, tmp_path):
     metrics, _ = _train(compose_cfg, tiny_data_root, tmp_path)
     saved = json.loads((tmp_path / "metrics.json").read_text())

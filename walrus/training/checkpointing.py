@@ -185,10 +185,21 @@ class LastCheckpoint(pl.Callback):
 class BestCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` that keeps only file paths inside its own ``dirpath``.
 
+    A resume does not warn that the checkpoint folder is not empty (it holds the run's own files).
     On resume, ``ModelCheckpoint`` restores the paths of the best checkpoints from the file and
     later deletes the worst of them. A checkpoint is data: a stored path outside ``dirpath`` (or
     one that is not a string) is dropped with a warning instead of ever being deleted.
     """
+
+    resuming = False  # set by ``train()``: the run continues in its own folder
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        with warnings.catch_warnings():
+            if self.resuming:  # the checkpoints there are this run's own: nothing to warn of
+                warnings.filterwarnings(
+                    "ignore", message=r"Checkpoint directory .* exists and is not empty"
+                )
+            super().setup(trainer, pl_module, stage)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
