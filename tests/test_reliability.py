@@ -353,6 +353,30 @@ def test_resume_does_not_warn_that_its_checkpoint_folder_is_not_empty(
     assert not [w for w in caught if "exists and is not empty" in str(w.message)]
 
 
+def test_extending_a_finished_run_trains_at_the_floor_rate_and_names_the_new_best(
+    compose_cfg, tiny_data_root, tmp_path
+):
+    # one epoch of 2 steps inside one longer epoch (limit_train_batches=null): the extension
+    # continues the same epoch, whose best checkpoint name used to repeat (best-000-v1.ckpt)
+    common = ["trainer.limit_train_batches=null", "callbacks.model_checkpoint.monitor=val/loss"]
+    _train(compose_cfg, tiny_data_root, tmp_path, *common, "trainer.max_steps=2")
+    ckpts = tmp_path / "checkpoints"
+    assert [p.name for p in ckpts.glob("best-*.ckpt")] == ["best-epoch000-step000002.ckpt"]
+    _, objects = _train(
+        compose_cfg, tiny_data_root, tmp_path, *common, "trainer.max_steps=4",
+        f"ckpt_path={ckpts / 'last.ckpt'}",
+    )  # fmt: skip
+    trainer = objects["trainer"]
+    assert trainer.global_step == 4
+    # the schedule was fitted to the first 2 steps and stays at its floor (docs/guide/training.md)
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    assert scheduler.total_steps == 2
+    assert lr == pytest.approx(scheduler.base_lrs[0] * scheduler.min_ratio, rel=1e-6)
+    names = sorted(p.name for p in ckpts.glob("best-*.ckpt"))
+    assert len(names) == 1 and "-v" not in names[0] and names[0].startswith("best-epoch000-step")
+
+
 def test_resuming_a_finished_run_keeps_its_metrics(compose_cfg, tiny_data_root, tmp_path):
     metrics, _ = _train(compose_cfg, tiny_data_root, tmp_path)
     saved = json.loads((tmp_path / "metrics.json").read_text())

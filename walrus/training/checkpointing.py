@@ -185,13 +185,21 @@ class LastCheckpoint(pl.Callback):
 class BestCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` that keeps only file paths inside its own ``dirpath``.
 
-    A resume does not warn that the checkpoint folder is not empty (it holds the run's own files).
+    It saves when validation ends (so ``last.ckpt``, saved at the epoch's end, records the newest
+    best file). A resume does not warn that the checkpoint folder is not empty (it holds the
+    run's own files).
     On resume, ``ModelCheckpoint`` restores the paths of the best checkpoints from the file and
     later deletes the worst of them. A checkpoint is data: a stored path outside ``dirpath`` (or
     one that is not a string) is dropped with a warning instead of ever being deleted.
     """
 
     resuming = False  # set by ``train()``: the run continues in its own folder
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Save at validation end, before LastCheckpoint saves at the epoch's end: last.ckpt then
+        # knows the newest best file, and a resume replaces it instead of keeping it forever.
+        kwargs.setdefault("save_on_train_epoch_end", False)
+        super().__init__(*args, **kwargs)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         with warnings.catch_warnings():
