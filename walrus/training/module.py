@@ -48,6 +48,11 @@ NOISE_UNITS = ("input_rms", "input_std", "delta_rms")
 LOSS_WEIGHTINGS = ("none", "delta_rms")
 
 
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the validation sums, float32 on MPS (which has no float64)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
 class WalrusModule(pl.LightningModule):
     """Trains a space-time model to predict the next frame of a PDE simulation.
 
@@ -197,8 +202,8 @@ class WalrusModule(pl.LightningModule):
         self._bad_loss: Tensor | None = None
         self._unchecked: dict[int, tuple[int, dict[str, Any]]] = {}
         self._named_constant: set[tuple[str, str]] = set()  # (dataset, field) already named
-        # validation metric -> [sum over batches of batch size x batch mean (float64, on the
-        # device), summed batch sizes]; reduced over ranks at the end of the validation
+        # validation metric -> [sum over batches of batch size x batch mean (float64 but on
+        # MPS, on the device), summed batch sizes]; reduced over ranks at the end of validation
         self._val_sums: dict[str, list[Any]] = {}
 
     def forward(self, x: Tensor, fields: Tensor, bcs: Tensor) -> Tensor:
@@ -400,7 +405,7 @@ class WalrusModule(pl.LightningModule):
 
     def _add(self, name: str, value: Tensor, weight: int) -> None:
         """Add a batch's mean ``value`` (a scalar) with ``weight`` samples to metric ``name``."""
-        term = value.detach().double() * weight
+        term = value.detach().to(_sum_dtype(value.device)) * weight
         entry = self._val_sums.get(name)
         if entry is None:
             self._val_sums[name] = [term, weight]
@@ -420,11 +425,11 @@ class WalrusModule(pl.LightningModule):
             names = sorted({n for rank_names in every for n in rank_names or ()})
         if not names:
             return
-        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        zero = torch.zeros((), dtype=_sum_dtype(self.device), device=self.device)
         sums = torch.stack([self._val_sums.get(n, [zero])[0].to(zero) for n in names])  # (K,)
         counts = torch.tensor(
             [float(self._val_sums.get(n, [0, 0])[1]) for n in names],
-            dtype=torch.float64,
+            dtype=zero.dtype,
             device=self.device,
         )  # (K,)
         totals = torch.stack([sums, counts])  # (2, K)
