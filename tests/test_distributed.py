@@ -272,3 +272,34 @@ def _run_train(data_root, out_dir, *overrides: str) -> subprocess.CompletedProce
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     return r
+
+
+@pytest.mark.slow  # a 2-process train.py run: ~20-40 s
+def test_ctrl_c_on_two_ddp_ranks_saves_and_exits_130(tiny_data_root, tmp_path):
+    """Ctrl-C in a terminal sends SIGINT to every process of the group: both gloo ranks stop
+    after the same step, last.ckpt is saved there, and train.py exits 130 with the resume line."""
+    import signal
+
+    from benchmarks.fault_injection import _wait_for_step
+
+    base = [
+        o for o in tiny_train_overrides(tiny_data_root, tmp_path) if not o.startswith("trainer=")
+    ]
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "train.py", *base, f"hydra.run.dir={tmp_path}", "trainer=ddp",
+            "trainer.accelerator=cpu", "trainer.limit_train_batches=6", "trainer.max_epochs=3",
+            "callbacks.last_checkpoint.every_n_steps=1",
+        ],
+        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    seen = _wait_for_step(last, proc, 1)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert seen >= 1 and "Ctrl-C (SIGINT) at step" in err and f"ckpt_path={last}" in err
+    saved = load_checkpoint_file(last)["global_step"]
+    assert seen <= saved < 12  # stopped after the signal, not at the end (12 steps)
+    assert "Traceback" not in err
