@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import re
 import subprocess
 import sys
 
@@ -187,7 +188,11 @@ def test_run_ends_with_one_summary_block(compose_cfg, tiny_data_root, tmp_path, 
     assert f"last.ckpt:  {last}\n" in text
     assert f"best:       {best} (val/rollout_vrmse = " in text
     assert f"resume:     python train.py ckpt_path={last}\n" in text
-    assert text.endswith(f"roll out:   python infer.py rollout ckpt_path={best}")
+    # the final weights, as `make demo` rolls out (checkpoints/last.ckpt)
+    assert text.endswith(f"roll out:   python infer.py rollout ckpt_path={last}")
+    makefile = (REPO / "Makefile").read_text()
+    demo = makefile[makefile.index("\ndemo:") :]
+    assert re.search(r"infer\.py rollout ckpt_path=\S*/checkpoints/last\.ckpt", demo)
 
 
 def test_fast_dev_run_claims_no_checkpoint(compose_cfg, tiny_data_root, tmp_path, caplog):

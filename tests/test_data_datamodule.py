@@ -57,6 +57,31 @@ def test_sampler_eval_keeps_partial_batches_in_order():
     assert list(s) == [[0, 1], [2, 3], [4], [5, 6], [7]]
 
 
+def test_padded_eval_sampler_serves_every_batch_once_and_names_the_repeats():
+    # [5, 3] in batches of 2: 5 batches over 2 ranks -> rank 1 gets one repeat at the end
+    sizes, world = [5, 3], 2
+    samplers = [
+        MixedBatchSampler(sizes, 2, shuffle=False, drop_last=False, num_replicas=world, rank=r,
+                          pad=True)
+        for r in range(world)
+    ]  # fmt: skip
+    parts = [list(s) for s in samplers]
+    assert [len(p) for p in parts] == [3, 3] == [len(s) for s in samplers]
+    real = [
+        tuple(b) for s, p in zip(samplers, parts) for i, b in enumerate(p) if not s.is_padding(i)
+    ]
+    assert sorted(real) == sorted(map(tuple, [[0, 1], [2, 3], [4], [5, 6], [7]]))
+    assert [s.is_padding(2) for s in samplers] == [False, True]
+    one = MixedBatchSampler(sizes, 2, shuffle=False, drop_last=False, pad=True)
+    assert len(list(one)) == 5 and not any(one.is_padding(i) for i in range(5))
+    tiny = [
+        MixedBatchSampler([1], 2, shuffle=False, drop_last=False, num_replicas=3, rank=r, pad=True)
+        for r in range(3)
+    ]
+    assert [list(s) for s in tiny] == [[[0]]] * 3
+    assert [s.is_padding(0) for s in tiny] == [False, True, True]
+
+
 def test_sampler_bad_weights():
     with pytest.raises(ValueError, match="weights"):
         MixedBatchSampler([4, 4], 2, weights=[1.0])

@@ -234,3 +234,72 @@ def test_fsdp_two_gloo_processes_match_ddp_and_resume_under_either(tiny_data_roo
     metrics = json.loads((tmp_path / "resume_fsdp_cpu" / "metrics.json").read_text())
     reference = json.loads((tmp_path / "ddp" / "metrics.json").read_text())
     assert metrics["val/rollout_vrmse"] == pytest.approx(reference["val/rollout_vrmse"], rel=1e-4)
+
+
+@pytest.mark.slow  # two train.py runs, one of 2 processes: ~30-60 s
+def test_ddp_validation_metrics_cover_the_whole_validation_set(tiny_data_root, tmp_path):
+    """2 gloo processes log the validation metrics of one process: each rank's sums and counts
+    are added over the ranks, and the repeat that evens out an odd number of batches (3 here)
+    counts nothing. With lr 0 the weights stay the same, so every val/ metric must agree."""
+    common = [
+        "optimizer.lr=0.0",
+        "data.max_val_windows=5",  # 3 batches of 2: rank 1 gets a repeat of the first
+        "trainer.limit_val_batches=null",
+        "trainer.max_epochs=1",
+    ]
+    _run_train(tiny_data_root, tmp_path / "one", *common)
+    ddp = _run_train(
+        tiny_data_root, tmp_path / "two", *common, "trainer=ddp", "trainer.accelerator=cpu"
+    )
+    assert "sync_dist" not in ddp.stderr
+    one = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    two = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    val = sorted(k for k in one if k.startswith("val/"))
+    assert "val/vrmse_persistence" in val and len(val) >= 5
+    assert sorted(k for k in two if k.startswith("val/")) == val
+    for key in val:
+        assert two[key] == pytest.approx(one[key], rel=1e-6), key
+
+
+def _run_train(data_root, out_dir, *overrides: str) -> subprocess.CompletedProcess:
+    base = [o for o in tiny_train_overrides(data_root, out_dir) if not o.startswith("trainer=")]
+    if not any(o.startswith("trainer=") for o in overrides):
+        base.append("trainer=cpu")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "train.py", *base, f"hydra.run.dir={out_dir}", *overrides],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.slow  # a 2-process train.py run: ~20-40 s
+def test_ctrl_c_on_two_ddp_ranks_saves_and_exits_130(tiny_data_root, tmp_path):
+    """Ctrl-C in a terminal sends SIGINT to every process of the group: both gloo ranks stop
+    after the same step, last.ckpt is saved there, and train.py exits 130 with the resume line."""
+    import signal
+
+    from benchmarks.fault_injection import _wait_for_step
+
+    base = [
+        o for o in tiny_train_overrides(tiny_data_root, tmp_path) if not o.startswith("trainer=")
+    ]
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "train.py", *base, f"hydra.run.dir={tmp_path}", "trainer=ddp",
+            "trainer.accelerator=cpu", "trainer.limit_train_batches=6", "trainer.max_epochs=3",
+            "callbacks.last_checkpoint.every_n_steps=1",
+        ],
+        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    seen = _wait_for_step(last, proc, 1)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert seen >= 1 and "Ctrl-C (SIGINT) at step" in err and f"ckpt_path={last}" in err
+    saved = load_checkpoint_file(last)["global_step"]
+    assert seen <= saved < 12  # stopped after the signal, not at the end (12 steps)
+    assert "Traceback" not in err

@@ -226,6 +226,72 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tiny_data_root, tmp_path):
     assert _step(last) == 2
 
 
+class SigintAt(pl.Callback):
+    """Sends this process a real SIGINT (what Ctrl-C sends) in the middle of training step
+    ``step``, between its backward pass and its optimizer step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step + 1 == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_saves_a_checkpoint_prints_the_resume_command_and_exits_130(
+    tiny_data_root, tmp_path
+):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env.pop("WALRUS_TRACEBACK", None)
+    args = [*tiny_train_overrides(tiny_data_root, tmp_path), "trainer.limit_train_batches=6"]
+    r = subprocess.run(
+        [
+            sys.executable, "train.py", *args, "trainer.max_epochs=3",
+            "+callbacks.int._target_=tests.test_reliability.SigintAt", "+callbacks.int.step=2",
+        ],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert "Ctrl-C (SIGINT) at step 2" in r.stderr
+    assert f"resume with: python train.py ckpt_path={last}" in r.stderr
+    assert "Traceback" not in r.stderr and "graceful shutdown" not in r.stderr
+    assert _step(last) == 2
+
+
+def test_ctrl_c_stop_is_noted_and_the_handler_restored(compose_cfg, tiny_data_root, tmp_path):
+    from walrus.errors import TrainingInterrupted
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted, match="Ctrl-C") as info:
+        _train(
+            compose_cfg, tiny_data_root, tmp_path, "trainer.limit_train_batches=4",
+            "+callbacks.int._target_=tests.test_reliability.SigintAt", "+callbacks.int.step=3",
+        )  # fmt: skip
+    assert info.value.exit_status == 130
+    assert signal.getsignal(signal.SIGINT) is before  # Ctrl-C quits a later session again
+    assert _step(tmp_path / "checkpoints" / "last.ckpt") == 3
+
+
+class _SigintDisposition(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> bool:
+        return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_data_workers_ignore_ctrl_c_so_the_step_can_finish():
+    from walrus.data.datamodule import worker_init
+
+    loader = torch.utils.data.DataLoader(
+        _SigintDisposition(), num_workers=1, worker_init_fn=worker_init, batch_size=None
+    )
+    assert list(loader) == [True]
+    plain = torch.utils.data.DataLoader(_SigintDisposition(), num_workers=1, batch_size=None)
+    assert list(plain) == [False]
+
+
 # ---------------------------------------------------------------------- atomic writes
 
 
@@ -271,6 +337,44 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
         atomic_torch_save(_tiny_ckpt(), path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_resume_does_not_warn_that_its_checkpoint_folder_is_not_empty(
+    compose_cfg, tiny_data_root, tmp_path
+):
+    import warnings
+
+    _train(compose_cfg, tiny_data_root, tmp_path)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _train(compose_cfg, tiny_data_root, tmp_path, "trainer.max_epochs=2", f"ckpt_path={last}")
+    assert _step(last) == 4  # it did resume and train
+    assert not [w for w in caught if "exists and is not empty" in str(w.message)]
+
+
+def test_extending_a_finished_run_trains_at_the_floor_rate_and_names_the_new_best(
+    compose_cfg, tiny_data_root, tmp_path
+):
+    # one epoch of 2 steps inside one longer epoch (limit_train_batches=null): the extension
+    # continues the same epoch, whose best checkpoint name used to repeat (best-000-v1.ckpt)
+    common = ["trainer.limit_train_batches=null", "callbacks.model_checkpoint.monitor=val/loss"]
+    _train(compose_cfg, tiny_data_root, tmp_path, *common, "trainer.max_steps=2")
+    ckpts = tmp_path / "checkpoints"
+    assert [p.name for p in ckpts.glob("best-*.ckpt")] == ["best-epoch000-step000002.ckpt"]
+    _, objects = _train(
+        compose_cfg, tiny_data_root, tmp_path, *common, "trainer.max_steps=4",
+        f"ckpt_path={ckpts / 'last.ckpt'}",
+    )  # fmt: skip
+    trainer = objects["trainer"]
+    assert trainer.global_step == 4
+    # the schedule was fitted to the first 2 steps and stays at its floor (docs/guide/training.md)
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    assert scheduler.total_steps == 2
+    assert lr == pytest.approx(scheduler.base_lrs[0] * scheduler.min_ratio, rel=1e-6)
+    names = sorted(p.name for p in ckpts.glob("best-*.ckpt"))
+    assert len(names) == 1 and "-v" not in names[0] and names[0].startswith("best-epoch000-step")
 
 
 def test_resuming_a_finished_run_keeps_its_metrics(compose_cfg, tiny_data_root, tmp_path):

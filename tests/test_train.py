@@ -442,6 +442,48 @@ def test_time_budget_keeps_room_for_the_final_validation(compose_cfg, tiny_data_
     assert lr == pytest.approx(scheduler.base_lrs[0] * scheduler.min_ratio, rel=1e-6)
 
 
+def test_time_budget_resumed_after_ctrl_c_keeps_room_for_the_final_validation(
+    compose_cfg, tiny_data_root, tmp_path
+):
+    from walrus.errors import TrainingInterrupted
+
+    common = [
+        "+callbacks.tick.val_s=5.0",
+        "data.max_val_windows=4",
+        "trainer.limit_val_batches=2",
+        "trainer.num_sanity_val_steps=1",
+        "trainer.limit_train_batches=null",
+        "+callbacks.int._target_=tests.test_reliability.SigintAt",
+        "+callbacks.int.step=2",
+    ]  # fmt: skip  (one long epoch: no validation between the sanity check and the stop)
+    with pytest.raises(TrainingInterrupted):
+        _time_capped(compose_cfg, tiny_data_root, tmp_path, *common)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert load_checkpoint_file(last)["global_step"] == 2
+    # the resume skips the sanity check (mid-epoch): the validation time measured before the
+    # interruption is kept with the budget's clock
+    metrics, trainer, tick = _time_capped(
+        compose_cfg, tiny_data_root, tmp_path, *common, f"ckpt_path={last}"
+    )
+    budget = next(c for c in trainer.callbacks if isinstance(c, TimeBudget))
+    assert "val/vrmse" in metrics and budget.reserve() == pytest.approx(10.0)
+    assert 90.0 <= budget.elapsed() <= 100.0  # the final validation (10 s) fit in
+
+
+def test_time_budget_state_keeps_timings_and_drops_malformed_rows():
+    budget = TimeBudget(100.0)
+    budget._val_s, budget._train_s = {"a": [10.0, 2]}, {None: [30.0, 3]}
+    budget._full_val_batches = {"a": 4.0}
+    again = TimeBudget(100.0)
+    again.load_state_dict(budget.state_dict())
+    assert again.reserve() == pytest.approx(20.0) and again.next_step_seconds() == 10.0
+    bad = TimeBudget(100.0)
+    bad.load_state_dict(
+        {"elapsed": 5.0, "val_s": [["a", float("nan"), 1], [3, 1.0, 1], "x"], "val_batches": {}}
+    )
+    assert bad._val_s == {} and bad._full_val_batches == {} and bad.elapsed() == 5.0
+
+
 def test_bad_time_budget_is_reported(compose_cfg, tiny_data_root, tmp_path):
     with pytest.raises(ValueError, match=r"trainer.max_time must be DD:HH:MM:SS.*'5min'"):
         _train(compose_cfg, tiny_data_root, tmp_path, "trainer.max_time=5min")
@@ -454,6 +496,18 @@ def test_progress_lines_when_stdout_is_not_a_terminal(
     lines = [ln for ln in capsys.readouterr().out.splitlines() if re.match(r"step \d", ln)]
     pattern = r"step (\d)/2  loss [-+.\de]+  [.\d]+ samples/s  ETA \d+:\d\d:\d\d"
     assert [re.fullmatch(pattern, ln).group(1) for ln in lines] == ["1", "2"], lines
+
+
+def test_progress_line_shows_the_time_budget_when_it_binds(
+    compose_cfg, tiny_data_root, tmp_path, capsys
+):
+    # 100 s of fake time at 10 s a step ends the run long before its 200 steps
+    _time_capped(compose_cfg, tiny_data_root, tmp_path, "callbacks.progress_line.every_n_steps=1")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if re.match(r"step \d", ln)]
+    lines = lines[1:]  # at the first line the budget has timed no step on its (fake) clock
+    assert lines and all("/200" not in ln for ln in lines), lines
+    steps = [re.match(r"step (\d+)  time 0:0[01]:\d\d/0:01:40  loss ", ln) for ln in lines]
+    assert all(steps) and steps[-1].group(1) == "9", lines
 
 
 def test_progress_line_is_silent_on_a_terminal(compose_cfg, tiny_data_root, tmp_path, capsys):

@@ -30,8 +30,10 @@ def _module_and_batch(dtype: torch.dtype = torch.float32) -> tuple[WalrusModule,
 def _validate(module: WalrusModule, batch: Batch) -> dict[str, float]:
     logged: dict[str, float] = {}
     module.log = lambda name, value, **kw: logged.__setitem__(name, float(value))  # no trainer
+    module.on_validation_epoch_start()
     with torch.no_grad():
         module.validation_step(batch, 0)
+    module.on_validation_epoch_end()
     return logged
 
 
@@ -54,3 +56,20 @@ def test_validation_runs_the_first_rollout_step_when_inputs_are_narrower_than_fp
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _validate(module, batch)
     assert len(calls) == 5  # the rollout runs on fp32 frames, the one-step forward did not
+
+
+def test_train_loss_matches_val_loss_without_noise_and_grows_with_it():
+    """train/loss and val/loss score the same thing on the same batch once input noise is off
+    (docs/guide/training.md, "Reading the losses"); the noise, in delta units, is what lifts
+    train/loss above val/loss."""
+    module, batch, _ = _module_and_batch()  # eval mode: no patch jitter, no augmentation
+    with torch.no_grad():
+        clean = float(module._rollout_loss(batch))
+        logged = _validate(module, batch)
+        assert clean == pytest.approx(logged["val/loss"], rel=1e-6)
+        module.train()  # patch jitter on: a little off, not a different scale
+        torch.manual_seed(0)
+        assert float(module._rollout_loss(batch)) == pytest.approx(clean, rel=0.05)
+        module.input_noise, module.noise_units = 1.0, "delta_rms"
+        noisy = float(module._rollout_loss(batch))
+    assert noisy > 1.2 * clean

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import shlex
 import signal
 from collections.abc import Iterator, Sequence
 
@@ -35,19 +36,22 @@ class RolloutDivergedError(ValueError):
 
 
 class TrainingInterrupted(RuntimeError):
-    """Training stopped on SIGTERM after saving a checkpoint; ``walrus.cli`` exits with 143.
+    """Training stopped on SIGTERM or Ctrl-C (SIGINT) after saving a checkpoint; ``walrus.cli``
+    exits with 143 (SIGTERM) or 130 (Ctrl-C), what a shell reports for a process those signals
+    killed.
 
     Attributes:
         checkpoint: the checkpoint to resume from (``ckpt_path=``).
+        exit_status: 143 for SIGTERM, 130 for SIGINT.
     """
 
-    exit_status = 143  # 128 + SIGTERM, what a shell reports for a process killed by SIGTERM
-
-    def __init__(self, step: int, checkpoint: str) -> None:
+    def __init__(self, step: int, checkpoint: str, signal_name: str = "SIGTERM") -> None:
         self.checkpoint = checkpoint
+        self.exit_status = 130 if signal_name == "SIGINT" else 143  # 128 + signal number
+        what = "Ctrl-C (SIGINT)" if signal_name == "SIGINT" else signal_name
         super().__init__(
-            f"training stopped by SIGTERM at step {step}; saved {checkpoint}; resume with "
-            f"ckpt_path={checkpoint}"
+            f"training stopped by {what} at step {step}; saved {checkpoint}; resume with: "
+            f"python train.py ckpt_path={shlex.quote(checkpoint)}"
         )
 
 

@@ -6,7 +6,9 @@ Every batch comes from ONE dataset (so shapes, fields and boundaries match); the
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from walrus.data.batch import collate
@@ -30,6 +33,15 @@ from walrus.data.storage import (
 from walrus.data.vocab import FieldVocabulary
 from walrus.data.well_dataset import WellDataset, evenly_spaced
 from walrus.data.well_file import WellFile, list_split_files
+
+
+def worker_init(worker_id: int, rank: int = 0) -> None:
+    """DataLoader worker start: ignore Ctrl-C (SIGINT), which a terminal sends to the workers
+    too, so that they keep serving while training stops after its current step and saves;
+    then Lightning's worker seeding, when ``seed_everything(workers=True)`` asked for it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        pl_worker_init_function(worker_id, rank=rank)
 
 
 @dataclass(frozen=True)
@@ -303,10 +315,12 @@ class WellDataModule(L.LightningDataModule):
     def _loader(
         self, members: Sequence[Dataset], sampler: MixedBatchSampler, cls: type = DataLoader
     ) -> DataLoader:
+        rank = self._world()[1] or 0
         return cls(
             ConcatDataset(members),
             batch_sampler=sampler,
             num_workers=self.num_workers,
+            worker_init_fn=functools.partial(worker_init, rank=rank) if self.num_workers else None,
             collate_fn=collate,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
@@ -356,6 +370,7 @@ class WellDataModule(L.LightningDataModule):
             seed=self.seed,
             num_replicas=world,
             rank=rank,
+            pad=True,  # every window is evaluated; the module leaves the repeats out
         )
         return self._loader(members, sampler)
 

@@ -38,6 +38,10 @@ class MixedBatchSampler(Sampler[list[int]]):
         num_batches: batches per epoch with ``weights`` (default: the total number of batches).
         num_replicas, rank: DDP world size and rank (default: from ``torch.distributed`` when
             initialised, else 1 and 0). Ranks get disjoint batches and equal counts.
+        pad: with several ranks, serve every batch: the last ranks get repeats of the first
+            batches so that the counts stay equal (:meth:`is_padding` names the repeats, which
+            an evaluation must leave out). Without it the last ``len % world`` batches are
+            left out (training).
         epoch_fn: called at each ``__iter__`` for the current epoch (e.g. the trainer's), so the
             order changes every epoch and is the same after a resume; else ``set_epoch`` rules.
         position_fn: batches of the current epoch this rank has consumed (e.g. the trainer's
@@ -57,6 +61,7 @@ class MixedBatchSampler(Sampler[list[int]]):
         rank: int | None = None,
         epoch_fn: Callable[[], int] | None = None,
         position_fn: Callable[[], int] | None = None,
+        pad: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -82,7 +87,9 @@ class MixedBatchSampler(Sampler[list[int]]):
             self.weights = None
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch_fn, self.position_fn = epoch_fn, position_fn
+        self.pad = pad
         self._yielded = 0
+        self._served = 0  # batches of the epoch before padding, all ranks together
         self._resume: tuple[int, int] | None = None  # (epoch, global batches already served)
 
     def _n_batches(self, n: int) -> int:
@@ -159,6 +166,10 @@ class MixedBatchSampler(Sampler[list[int]]):
             self._resume = None
             if epoch == self.epoch:
                 batches = batches[served:]
+        self._served = len(batches)
+        if world > 1 and self.pad and batches:
+            repeats = -len(batches) % world
+            batches = batches + [batches[i % len(batches)] for i in range(repeats)]
         usable = len(batches) - len(batches) % world if world > 1 else len(batches)
         self._yielded = 0
         for batch in batches[rank:usable:world]:
@@ -170,7 +181,15 @@ class MixedBatchSampler(Sampler[list[int]]):
         total = self.num_batches if self.weights is not None and self.num_batches else None
         if total is None:
             total = sum(self._n_batches(n) for n in self.sizes)
+        if world > 1 and self.pad:
+            return math.ceil(total / world)
         return total // world if world > 1 else total
+
+    def is_padding(self, batch_idx: int) -> bool:
+        """Whether this rank's ``batch_idx``-th batch of the current pass is a repeat added by
+        ``pad`` (its results must not count)."""
+        world, rank = self._world()
+        return self.pad and world > 1 and rank + batch_idx * world >= self._served
 
 
 class ResumableDataLoader(DataLoader):

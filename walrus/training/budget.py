@@ -59,7 +59,8 @@ class TimeBudget(BudgetCallback):
     """Stops training so that the run, its final validation included, ends within ``duration``.
 
     The clock starts when fitting starts (data preparation before it is not counted) and carries
-    over a resume. Training stops after the step at which ``fraction()`` reaches 1:
+    over a resume, with the measured step and validation times (a resume mid-epoch skips the
+    sanity check, and may validate only when it stops). Training stops after the step at which ``fraction()`` reaches 1:
 
         fraction = (elapsed + next step's duration) / (duration - validation reserve)
 
@@ -195,10 +196,39 @@ class TimeBudget(BudgetCallback):
         self._val_mark = now
 
     def state_dict(self) -> dict[str, Any]:
-        return {"elapsed": self.elapsed()}
+        """The clock and the step and validation timings, so that a resume that validates only
+        at its end (one skipping the sanity check) still keeps room for that validation."""
+        return {
+            "elapsed": self.elapsed(),
+            "val_s": [[d, *v] for d, v in self._val_s.items()],
+            "train_s": [[d, *v] for d, v in self._train_s.items()],
+            "val_batches": [[d, n] for d, n in self._full_val_batches.items()],
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; timings that are not ``[dataset, seconds, count]`` rows
+        of finite non-negative numbers (a checkpoint is data) are dropped."""
         self._offset = float(state_dict.get("elapsed", 0.0))
+        self._val_s = _timings(state_dict.get("val_s"), 3)
+        self._train_s = _timings(state_dict.get("train_s"), 3)
+        self._full_val_batches = {
+            d: v[0] for d, v in _timings(state_dict.get("val_batches"), 2).items()
+        }
+
+
+def _timings(rows: Any, width: int) -> dict[str | None, list[float]]:
+    """``{dataset: [numbers]}`` from ``[[dataset, number, ...], ...]`` rows of ``width``."""
+    out: dict[str | None, list[float]] = {}
+    for row in rows if isinstance(rows, list) else ():
+        if not (isinstance(row, list) and len(row) == width):
+            continue
+        name, values = row[0], row[1:]
+        if (name is None or isinstance(name, str)) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            for v in values
+        ):
+            out[name] = [float(v) for v in values]
+    return out
 
 
 def _dataset(batch: Any) -> str | None:

@@ -9,7 +9,10 @@ It saves the full training state (weights, optimizer, scheduler, step, RNG) to
   cleanly (``trainer.max_steps`` mid-epoch, ``trainer.max_time``, early stopping);
 * on SIGTERM (preemption, ``timeout``): Lightning stops at the end of the current step, this
   callback saves, and ``train()`` raises :class:`~walrus.errors.TrainingInterrupted` (exit
-  status 143 from ``train.py``).
+  status 143 from ``train.py``);
+* on Ctrl-C (SIGINT) during training: the same, at the end of the current step (and of a
+  validation under way), with exit status 130. A second Ctrl-C quits at once, keeping the last
+  saved checkpoint.
 
 Best-by-metric checkpoints stay with Lightning's ``ModelCheckpoint`` (``save_last: false``),
 through :class:`BestCheckpoint`, which does not trust the file paths a checkpoint stores.
@@ -18,6 +21,7 @@ through :class:`BestCheckpoint`, which does not trust the file paths a checkpoin
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 import time
@@ -35,10 +39,21 @@ from walrus.training.optim import param_groups
 LAST_NAME = "last.ckpt"
 # With several ranks, they agree on the wall clock (a collective) every this many steps only.
 TIME_CHECK_EVERY = 20
+_CTRL_C_NOTE = (
+    b"\nCtrl-C: stopping after this step to save last.ckpt "
+    b"(press Ctrl-C again to quit at once without saving)\n"
+)
+
+
+class CtrlCStop(SIGTERMException):
+    """Raised between training steps after Ctrl-C (SIGINT), so that the run stops as on
+    SIGTERM: ``last.ckpt`` is saved and ``train()`` raises
+    :class:`~walrus.errors.TrainingInterrupted`."""
 
 
 class LastCheckpoint(pl.Callback):
-    """Saves ``<dirpath>/last.ckpt`` on a step/time interval, at epoch/training end and on SIGTERM.
+    """Saves ``<dirpath>/last.ckpt`` on a step/time interval, at epoch/training end, on SIGTERM
+    and on Ctrl-C (SIGINT).
 
     Args:
         dirpath: checkpoint directory.
@@ -76,7 +91,10 @@ class LastCheckpoint(pl.Callback):
         self.every_minutes = every_minutes
         self.saved_step: int | None = None
         self.interrupted_by_sigterm = False
+        self.interrupted_by_sigint = False
         self._sigterm = False
+        self._sigint = False
+        self._previous_sigint: Any = None
         self._last_time = time.monotonic()
 
     def _save(self, trainer: pl.Trainer) -> None:
@@ -91,28 +109,51 @@ class LastCheckpoint(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_time = time.monotonic()
         self.saved_step = trainer.global_step  # a resumed run's file already holds this step
-        self._sigterm = False
-        if trainer.world_size > 1 and threading.current_thread() is threading.main_thread():
+        self._sigterm = self._sigint = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if trainer.world_size > 1:
             # Lightning's handler runs a collective inside the signal handler, on the signalled
             # rank only, so the ranks' collectives no longer pair up and the stop is lost. This
             # one only notes the signal; the ranks agree on it after each step.
             signal.signal(signal.SIGTERM, self._note_sigterm)
+        # Python's default raises KeyboardInterrupt wherever the step is (mid-backward, inside
+        # the optimizer); Lightning then exits 1 and saves nothing. This one only notes it.
+        self._previous_sigint = signal.signal(signal.SIGINT, self._note_sigint)
 
     def _note_sigterm(self, signum: int, frame: object) -> None:
         self._sigterm = True
 
-    def _stop_on_sigterm(self, trainer: pl.Trainer) -> None:
-        """Several ranks: any rank's SIGTERM stops every rank after the same step."""
-        flag = torch.tensor([float(self._sigterm)], device=trainer.strategy.root_device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if flag.item() > 0:
+    def _note_sigint(self, signum: int, frame: object) -> None:
+        self._sigint = True
+        self._restore_sigint()  # a second Ctrl-C interrupts at once
+        os.write(2, _CTRL_C_NOTE)  # not print(): a handler may run inside another print
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+
+    def _stop_on_signal(self, trainer: pl.Trainer) -> None:
+        """Raise the stop after a SIGTERM or Ctrl-C; with several ranks, any rank's signal
+        stops every rank after the same step."""
+        sigterm, sigint = self._sigterm, self._sigint
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            flags = torch.tensor(
+                [float(sigterm), float(sigint)], device=trainer.strategy.root_device
+            )
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            sigterm, sigint = (bool(v > 0) for v in flags.tolist())
+        if sigterm:
             raise SIGTERMException()
+        if sigint:
+            raise CtrlCStop()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object
     ) -> None:
-        if trainer.world_size > 1 and torch.distributed.is_initialized():
-            self._stop_on_sigterm(trainer)
+        self._stop_on_signal(trainer)
         step = trainer.global_step
         due = bool(self.every_n_steps) and step % self.every_n_steps == 0
         check_time = trainer.world_size == 1 or step % TIME_CHECK_EVERY == 0
@@ -126,26 +167,48 @@ class LastCheckpoint(pl.Callback):
         self._save(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_sigint()
         self._save(trainer)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        # Lightning raises SIGTERMException between steps, so the state is consistent; other
-        # exceptions (NaN loss, Ctrl+C) keep the last good checkpoint.
+        self._restore_sigint()
+        # SIGTERMException and CtrlCStop come between steps, so the state is consistent; other
+        # exceptions (NaN loss, a second Ctrl-C) keep the last good checkpoint.
         if isinstance(exception, SIGTERMException):
-            self.interrupted_by_sigterm = True
+            self.interrupted_by_sigint = isinstance(exception, CtrlCStop)
+            self.interrupted_by_sigterm = not self.interrupted_by_sigint
             self._save(trainer)
 
 
 class BestCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` that keeps only file paths inside its own ``dirpath``.
 
+    It saves when validation ends (so ``last.ckpt``, saved at the epoch's end, records the newest
+    best file). A resume does not warn that the checkpoint folder is not empty (it holds the
+    run's own files).
     On resume, ``ModelCheckpoint`` restores the paths of the best checkpoints from the file and
     later deletes the worst of them. A checkpoint is data: a stored path outside ``dirpath`` (or
     one that is not a string) is dropped with a warning instead of ever being deleted. A
     non-finite score (NaN/Inf) never becomes a best checkpoint.
     """
+
+    resuming = False  # set by ``train()``: the run continues in its own folder
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Save at validation end, before LastCheckpoint saves at the epoch's end: last.ckpt then
+        # knows the newest best file, and a resume replaces it instead of keeping it forever.
+        kwargs.setdefault("save_on_train_epoch_end", False)
+        super().__init__(*args, **kwargs)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        with warnings.catch_warnings():
+            if self.resuming:  # the checkpoints there are this run's own: nothing to warn of
+                warnings.filterwarnings(
+                    "ignore", message=r"Checkpoint directory .* exists and is not empty"
+                )
+            super().setup(trainer, pl_module, stage)
 
     def check_monitor_top_k(self, trainer: pl.Trainer, current: torch.Tensor | None = None) -> bool:
         if current is not None and not bool(torch.isfinite(torch.as_tensor(current)).all()):

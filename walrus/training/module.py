@@ -48,6 +48,11 @@ NOISE_UNITS = ("input_rms", "input_std", "delta_rms")
 LOSS_WEIGHTINGS = ("none", "delta_rms")
 
 
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the validation sums, float32 on MPS (which has no float64)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
 class WalrusModule(pl.LightningModule):
     """Trains a space-time model to predict the next frame of a PDE simulation.
 
@@ -201,6 +206,9 @@ class WalrusModule(pl.LightningModule):
         self._first_bad_weights: Tensor | None = None
         self._val_bad: Tensor | None = None
         self._named_constant: set[tuple[str, str]] = set()  # (dataset, field) already named
+        # validation metric -> [sum over batches of batch size x batch mean (float64 but on
+        # MPS, on the device), summed batch sizes]; reduced over ranks at the end of validation
+        self._val_sums: dict[str, list[Any]] = {}
 
     def forward(self, x: Tensor, fields: Tensor, bcs: Tensor) -> Tensor:
         return self.model(x, fields, bcs)
@@ -484,11 +492,61 @@ class WalrusModule(pl.LightningModule):
         self._val_bad = None
         clear_derived(self.model)  # weights moved since the last validation, maybe unversioned
 
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = {}
+
+    def _add(self, name: str, value: Tensor, weight: int) -> None:
+        """Add a batch's mean ``value`` (a scalar) with ``weight`` samples to metric ``name``."""
+        term = value.detach().to(_sum_dtype(value.device)) * weight
+        entry = self._val_sums.get(name)
+        if entry is None:
+            self._val_sums[name] = [term, weight]
+        else:
+            entry[0], entry[1] = entry[0] + term, entry[1] + weight
+
+    def on_validation_epoch_end(self) -> None:
+        """Log every validation metric as its sample-weighted mean over the whole validation
+        set: each rank's sums and sample counts are added over the ranks (a rank that saw no
+        batch of a dataset adds zeros for its metrics), so every rank logs the same values and
+        the best checkpoint and early stopping see all windows, not one rank's share."""
+        self._stop_if_validation_diverged()
+        names = sorted(self._val_sums)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed and self.trainer.world_size > 1:
+            every: list[list[str] | None] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(every, names)
+            names = sorted({n for rank_names in every for n in rank_names or ()})
+        if not names:
+            return
+        zero = torch.zeros((), dtype=_sum_dtype(self.device), device=self.device)
+        sums = torch.stack([self._val_sums.get(n, [zero])[0].to(zero) for n in names])  # (K,)
+        counts = torch.tensor(
+            [float(self._val_sums.get(n, [0, 0])[1]) for n in names],
+            dtype=zero.dtype,
+            device=self.device,
+        )  # (K,)
+        totals = torch.stack([sums, counts])  # (2, K)
+        if distributed and self.trainer.world_size > 1:
+            torch.distributed.all_reduce(totals)
+        means = (totals[0] / totals[1].clamp_min(1)).float()  # (K,)
+        seen = (totals[1] > 0).tolist()
+        for name, mean, any_seen in zip(names, means, seen, strict=True):
+            if any_seen:
+                # the value is already the same on every rank; "max" keeps it exactly and
+                # marks it synced for Lightning
+                self.log(
+                    name,
+                    mean,
+                    prog_bar=name == "val/vrmse",
+                    sync_dist=True,
+                    reduce_fx="max",
+                )
+
     def on_validation_end(self) -> None:
         # validation time is not training time: move the samples/s interval's start past it
         self._step_start += self.clock() - self._val_start
 
-    def on_validation_epoch_end(self) -> None:
+    def _stop_if_validation_diverged(self) -> None:
         """Finite weights whose one-step prediction on validation data is NaN or Inf (an
         overflow inside the forward pass) are broken too: stop before any checkpoint of them."""
         bad = torch.zeros((), device=self.device)
@@ -519,11 +577,14 @@ class WalrusModule(pl.LightningModule):
         names = batch.metadata.get("field_names")
         x_n, target, stats = self._targets(batch.input_fields, frames, 0, names)
         pred = self(x_n, batch.field_ids, batch.bcs)
-        b = batch.batch_size
+        loaders = self._trainer.val_dataloaders if self._trainer is not None else None
+        sampler = getattr(loaders, "batch_sampler", None)
+        padding = callable(getattr(sampler, "is_padding", None)) and sampler.is_padding(batch_idx)
+        b = 0 if padding else batch.batch_size  # a repeat that evens out the ranks counts 0
         val_loss = normalized_loss(pred, target, self.loss_kind)
         bad = ~torch.isfinite(val_loss.detach())  # () bool, read once per validation
         self._val_bad = bad if self._val_bad is None else self._val_bad | bad
-        self.log("val/loss", val_loss, batch_size=b)
+        self._add("val/loss", val_loss, b)
 
         n_sp = batch.n_spatial
         last = batch.input_fields[:, -1:].float()  # (B, 1, C, *S)
@@ -536,28 +597,11 @@ class WalrusModule(pl.LightningModule):
         names = batch.channel_names() or [str(i) for i in batch.field_ids.tolist()]
         dataset = batch.metadata.get("dataset", "data")
         keep = self._varying_fields(truth, n_sp, dataset, names)  # (C,) bool
-        self.log(
-            "val/vrmse",
-            model_err[:, keep].mean(),
-            prog_bar=True,
-            batch_size=b,
-            add_dataloader_idx=False,
-        )
-        self.log(
-            "val/vrmse_persistence",
-            persist_err[:, keep].mean(),
-            batch_size=b,
-            add_dataloader_idx=False,
-        )
+        self._add("val/vrmse", model_err[:, keep].mean(), b)
+        self._add("val/vrmse_persistence", persist_err[:, keep].mean(), b)
         for c, name in enumerate(names):
-            if not keep[c]:
-                continue
-            self.log(
-                f"val/vrmse/{dataset}/{name}",
-                model_err[:, c].mean(),
-                batch_size=b,
-                add_dataloader_idx=False,
-            )
+            if keep[c]:
+                self._add(f"val/vrmse/{dataset}/{name}", model_err[:, c].mean(), b)
 
         steps = min(self.val_rollout_steps, batch.output_fields.shape[1])
         if steps > 1:
@@ -581,12 +625,7 @@ class WalrusModule(pl.LightningModule):
                     )
                 )
             ]
-            self.log(
-                "val/rollout_vrmse",
-                torch.stack(errs).mean(),
-                batch_size=b,
-                add_dataloader_idx=False,
-            )
+            self._add("val/rollout_vrmse", torch.stack(errs).mean(), b)
 
     def _varying_fields(self, truth: Tensor, n_sp: int, dataset: str, names: list[str]) -> Tensor:
         """``(C,)`` bool: fields whose true frame ``truth`` ``(B, C, *S)`` varies in space in some

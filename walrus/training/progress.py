@@ -24,8 +24,10 @@ class ProgressLine(pl.Callback):
 
     Only when ``stream`` is not a TTY (a terminal already shows the progress bar). A line is
     printed every ``every_n_steps`` optimiser steps and/or every ``every_seconds`` seconds,
-    whichever comes first, and once when training ends. The ETA is the sooner of the step limit
-    at the recent step rate and the time budget (``trainer.max_time``).
+    whichever comes first, and once when training ends. The line shows the limit that will end
+    the run: the step limit (``step 40/400``) or, when the time budget (``trainer.max_time``)
+    runs out first at the recent step rate, the budget (``step 40  time 0:01:10/0:03:00``).
+    The ETA is the sooner of the two.
 
     Args:
         every_n_steps: steps between lines (``None``: by time only).
@@ -88,7 +90,13 @@ class ProgressLine(pl.Callback):
         step = trainer.global_step
         dt = max(now - self._last_time, 1e-9)
         self._rate = dt / (step - self._last_step)
-        parts = [f"step {step}" + (f"/{total}" if (total := _total_steps(trainer)) else "")]
+        total = _total_steps(trainer)
+        budget = next((c for c in trainer.callbacks if isinstance(c, TimeBudget)), None)
+        if budget is not None and self._budget_binds(trainer, budget, total):
+            used, whole = _fmt_seconds(budget.elapsed()), _fmt_seconds(budget.duration)
+            parts = [f"step {step}  time {used}/{whole}"]
+        else:
+            parts = [f"step {step}" + (f"/{total}" if total else "")]
         loss = _loss(outputs, trainer)
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
@@ -100,6 +108,15 @@ class ProgressLine(pl.Callback):
         self._last_time, self._last_step, self._samples = now, step, 0
         if trainer.is_global_zero and self.enabled():
             print("  ".join(parts), file=self._out(), flush=True)
+
+    def _budget_binds(self, trainer: pl.Trainer, budget: TimeBudget, total: int | None) -> bool:
+        """Whether the time budget ends training before the step limit at the budget's step
+        time (the time it keeps for the final validation counted)."""
+        if not total:
+            return True
+        per_step = budget.next_step_seconds() or self._rate
+        training_left = budget.remaining() - budget.reserve()
+        return training_left < max(total - trainer.global_step, 0) * per_step
 
     def _eta(self, trainer: pl.Trainer, total: int | None) -> float | None:
         etas = []

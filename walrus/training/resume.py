@@ -45,6 +45,7 @@ FREE_OPTIONS = (
     "data.num_workers",
     "data.pin_memory",
     "ckpt_path",
+    "callbacks.model_checkpoint.filename",  # names only the best files written from now on
     "paths.output_dir",
     "paths.log_dir",
     "task_name",

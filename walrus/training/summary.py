@@ -67,10 +67,10 @@ def summary_lines(
         score = next((f"{k} = {v:.4g}" for k, v in sorted(metrics.items()) if k == "val/vrmse"), "")
         lines.append("  best:       none written" + (f" (final {score})" if score else ""))
     if last.is_file():
+        # the final weights, as `make demo` and the docs roll out; best: ckpt_path= above
         ckpt = shlex.quote(str(last))
         lines.append(f"  resume:     python train.py ckpt_path={ckpt}")
-        rollout = shlex.quote(best[0]) if best is not None else ckpt
-        lines.append(f"  roll out:   python infer.py rollout ckpt_path={rollout}")
+        lines.append(f"  roll out:   python infer.py rollout ckpt_path={ckpt}")
     return lines
 
 

@@ -39,7 +39,12 @@ from walrus.options import check_option_types
 from walrus.run_files import is_first_process, write_run_files
 from walrus.training.budget import TimeBudget
 from walrus.training.callbacks import DataPositionCallback, RNGStateCallback
-from walrus.training.checkpointing import LastCheckpoint, check_resume_state
+from walrus.training.checkpointing import (
+    BestCheckpoint,
+    CtrlCStop,
+    LastCheckpoint,
+    check_resume_state,
+)
 from walrus.training.loggers import (
     finish_wandb_runs,
     is_wandb_config,
@@ -304,6 +309,8 @@ def _train(
     for required in (RNGStateCallback, DataPositionCallback):  # exact resume
         if not any(isinstance(c, required) for c in callbacks):
             callbacks.append(required())
+    for best in (c for c in callbacks if isinstance(c, BestCheckpoint)):
+        best.resuming = resuming
     last = next((c for c in callbacks if isinstance(c, LastCheckpoint)), None)
     if last is None:  # the final state is always saved
         last = LastCheckpoint(out_dir / "checkpoints")
@@ -341,6 +348,8 @@ def _train(
         _record_model(cfg, out_dir, model.config, source)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except CtrlCStop:
+        raise TrainingInterrupted(trainer.global_step, str(last.path), "SIGINT") from None
     except SIGTERMException:
         raise TrainingInterrupted(trainer.global_step, str(last.path)) from None
     finally:
