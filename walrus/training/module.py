@@ -487,7 +487,8 @@ class WalrusModule(pl.LightningModule):
 
     def on_validation_start(self) -> None:
         self._val_start = self.clock()
-        if not self.trainer.sanity_checking:  # no validation (nor best-*.ckpt) of broken weights
+        sanity = self._trainer is not None and self._trainer.sanity_checking
+        if not sanity:  # no validation (nor best-*.ckpt) of broken weights
             self.check_finite()
         self._val_bad = None
         clear_derived(self.model)  # weights moved since the last validation, maybe unversioned
