@@ -73,8 +73,8 @@ def activation_bytes(
     cfg = model.config
     if bcs is None:
         bcs = [(int(BoundaryType.WALL),) * 2] * len(spatial)
-    padded, strides, periodic = model.encoder_layout(spatial, bcs)
-    (k1, k2), a = cfg.kernel_sizes, len(padded)
+    padded, strides, _ = model.encoder_layout(spatial, bcs)
+    k1, k2 = cfg.kernel_sizes
     l1 = [(n - k1) // s1 + 1 for n, (s1, _) in zip(padded, strides)]
     l2 = [(n - k2) // s2 + 1 for n, (_, s2) in zip(l1, strides)]
     m1 = [(n - 1) * s2 + k2 + 2 for n, (_, s2) in zip(l2, strides)]  # decoder stage 1, wrapped
