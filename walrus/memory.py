@@ -204,7 +204,8 @@ def check_forward_fits(
             message, the fields per frame, the grid and the boundary codes (``None``: walls).
         batch, frames: samples per batch and input frames per sample.
         training: a training step (activations kept for backward) rather than a no-grad forward.
-        batch_option: the option that sets ``batch`` (``"data.batch_size"``, ``"batch_size"``).
+        batch_option: the option that sets ``batch``, with its value, for the message
+            (``"data.batch_size=8"``).
         to_allocate: bytes still to be allocated besides the activations (the weights, their
             gradients and optimizer state of a model not yet built).
         grad_steps: forwards whose activations are kept together (an unrolled training step).
@@ -240,7 +241,7 @@ def check_forward_fits(
         sizes = ", ".join(f"model.{k}={getattr(cfg, k)}" for k in ("dim", "depth", "heads"))
         what = "one training step" if training else "one forward pass"
         extra = f" plus {gib(to_allocate)} for the model" if to_allocate else ""
-        hints = [f"{batch_option}={batch}", f"the model size ({sizes})"]
+        hints = [batch_option, f"the model size ({sizes})"]
         if training and not cfg.grad_checkpointing:
             hints.append("set model.grad_checkpointing=true")
         grid = "x".join(str(int(n)) for n in spatial)

@@ -507,18 +507,15 @@ def prepare(
     planned = plan(data, datasets) if plan is not None else None
     # CPU runs only: on a GPU the allocator's own error becomes one line (walrus.cli)
     if runs_on_cpu(OmegaConf.select(cfg, "trainer.accelerator")):
-        inputs = [
-            (str(ds.files[0].path), len(ds.field_names), ds.spatial_shape, ds.bcs)
-            for ds in datasets
-        ]
-        check_forward_fits(
-            ckpt.model,
-            inputs,
-            batch_size,
-            int(data["n_steps_input"]),
-            training=False,
-            batch_option="batch_size",
-        )
+        for ds in datasets:  # a batch holds at most the dataset's windows
+            check_forward_fits(
+                ckpt.model,
+                [(str(ds.files[0].path), len(ds.field_names), ds.spatial_shape, ds.bcs)],
+                min(batch_size, len(ds)),
+                int(data["n_steps_input"]),
+                training=False,
+                batch_option=f"batch_size={batch_size}",
+            )
     check_stop("infer.py wrote nothing")  # a signal while loading: nothing written yet
     if is_first_process():  # other ranks start once the first has written its run files
         claim_out(out, cfg.get("overwrite", False))

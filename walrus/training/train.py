@@ -239,7 +239,7 @@ def _check_step_fits(cfg: DictConfig, model_cfg: dict[str, Any], datamodule: Any
         batch,
         frames,
         training=True,
-        batch_option="data.batch_size",
+        batch_option=f"data.batch_size={batch}",
         to_allocate=model_bytes(model_cfg, "train"),
         grad_steps=steps if isinstance(steps, int) and steps >= 1 else 1,
     )
