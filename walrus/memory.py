@@ -199,7 +199,8 @@ def check_forward_fits(
 
     Args:
         model: the model, or its config as a dict (then built on the ``meta`` device; an
-            invalid one is left to the caller's build).
+            invalid one is left to the caller's build). Modules other than
+            :class:`~walrus.model.walrus.Walrus` are not checked.
         inputs: per dataset ``(file, channels, spatial grid, bcs)``: the file named in the
             message, the fields per frame, the grid and the boundary codes (``None``: walls).
         batch, frames: samples per batch and input frames per sample.
@@ -226,6 +227,8 @@ def check_forward_fits(
             return  # the caller's build reports it
         with torch.device("meta"):
             model = Walrus(config)
+    if not isinstance(model, Walrus):
+        return  # another kind of module (a wrapper): nothing to estimate from
     room = available_memory()
     for source, channels, spatial, bcs in inputs:
         try:
