@@ -13,6 +13,7 @@ import functools
 import os
 import re
 import resource
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,29 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
+def _param_count(model_config: Mapping[str, Any]) -> tuple[Any, int] | None:
+    """The validated config and its parameter count (counted on the ``meta`` device: no
+    memory); ``None`` for an invalid config (the caller's build reports it)."""
+    import torch
+
+    from walrus.model.config import WalrusConfig
+    from walrus.model.walrus import Walrus
+
+    try:
+        config = WalrusConfig.from_dict(model_config)
+    except ValueError:
+        return None
+    with torch.device("meta"):
+        return config, sum(p.numel() for p in Walrus(config).parameters())
+
+
+def model_bytes(model_config: Mapping[str, Any], purpose: str) -> int:
+    """Bytes the model of ``model_config`` takes for ``purpose`` (see :func:`check_model_fits`);
+    0 for an invalid config."""
+    counted = _param_count(model_config)
+    return 0 if counted is None else counted[1] * BYTES_PER_PARAM[purpose]
+
+
 def check_model_fits(model_config: dict[str, Any], purpose: str, source: str = "model") -> None:
     """Refuse a model whose parameters cannot fit in :func:`available_memory`, before it is
     built: the parameters are counted on PyTorch's ``meta`` device (no memory).
@@ -117,17 +141,10 @@ def check_model_fits(model_config: dict[str, Any], purpose: str, source: str = "
     Raises:
         ValueError: one line naming the size options (or ``source``) and both amounts.
     """
-    import torch
-
-    from walrus.model.config import WalrusConfig
-    from walrus.model.walrus import Walrus
-
-    try:
-        config = WalrusConfig.from_dict(model_config)
-    except ValueError:
-        return  # the caller's build reports it
-    with torch.device("meta"):
-        n_params = sum(p.numel() for p in Walrus(config).parameters())
+    counted = _param_count(model_config)
+    if counted is None:
+        return
+    config, n_params = counted
     need = n_params * BYTES_PER_PARAM[purpose]
     room = available_memory()
     if need <= room:
@@ -151,3 +168,89 @@ def is_allocator_error(error: BaseException) -> bool:
     if isinstance(error, MemoryError | torch.OutOfMemoryError):
         return True
     return isinstance(error, RuntimeError) and bool(ALLOCATOR_ERROR.search(str(error)))
+
+
+def runs_on_cpu(accelerator: Any) -> bool:
+    """Whether a Lightning ``accelerator`` option puts the run on the CPU (``"auto"``: when no
+    GPU is visible)."""
+    import torch
+
+    name = str(accelerator or "auto").lower()
+    if name == "auto":
+        return not torch.cuda.is_available() and not torch.backends.mps.is_available()
+    return name == "cpu"
+
+
+def check_forward_fits(
+    model: Any,
+    inputs: Sequence[tuple[str, int, Sequence[int], Any]],
+    batch: int,
+    frames: int,
+    *,
+    training: bool,
+    batch_option: str,
+    to_allocate: int = 0,
+    grad_steps: int = 1,
+) -> None:
+    """Refuse, before the first batch, a forward (or training step) whose activations cannot
+    fit in :func:`available_memory` (CPU runs: callers skip this on a GPU).
+
+    The peak comes from :func:`walrus.model.peak.activation_bytes` (conservative, analytic).
+
+    Args:
+        model: the model, or its config as a dict (then built on the ``meta`` device; an
+            invalid one is left to the caller's build). Modules other than
+            :class:`~walrus.model.walrus.Walrus` are not checked.
+        inputs: per dataset ``(file, channels, spatial grid, bcs)``: the file named in the
+            message, the fields per frame, the grid and the boundary codes (``None``: walls).
+        batch, frames: samples per batch and input frames per sample.
+        training: a training step (activations kept for backward) rather than a no-grad forward.
+        batch_option: the option that sets ``batch``, with its value, for the message
+            (``"data.batch_size=8"``).
+        to_allocate: bytes still to be allocated besides the activations (the weights, their
+            gradients and optimizer state of a model not yet built).
+        grad_steps: forwards whose activations are kept together (an unrolled training step).
+
+    Raises:
+        ValueError: one line naming the file, the batch option and the model sizes.
+    """
+    import torch
+
+    from walrus.model.config import WalrusConfig
+    from walrus.model.peak import activation_bytes
+    from walrus.model.walrus import Walrus
+
+    if isinstance(model, Mapping):
+        try:
+            config = WalrusConfig.from_dict(model)
+        except ValueError:
+            return  # the caller's build reports it
+        with torch.device("meta"):
+            model = Walrus(config)
+    if not isinstance(model, Walrus):
+        return  # another kind of module (a wrapper): nothing to estimate from
+    room = available_memory()
+    for source, channels, spatial, bcs in inputs:
+        try:
+            act = activation_bytes(
+                model, batch, frames, channels, spatial, training=training, bcs=bcs,
+                grad_steps=grad_steps,
+            )  # fmt: skip
+        except ValueError:
+            continue  # a grid the model cannot tile: the forward's own check names it
+        if act + to_allocate <= room:
+            continue
+        cfg = model.config
+        sizes = ", ".join(f"model.{k}={getattr(cfg, k)}" for k in ("dim", "depth", "heads"))
+        what = "one training step" if training else "one forward pass"
+        extra = f" plus {gib(to_allocate)} for the model" if to_allocate else ""
+        hints = [batch_option, f"the model size ({sizes})"]
+        if training and not cfg.grad_checkpointing:
+            hints.append("set model.grad_checkpointing=true")
+        grid = "x".join(str(int(n)) for n in spatial)
+        raise ValueError(
+            f"{source}: {what} on {batch} sample(s) of {frames} frame(s), {channels} field(s) and "
+            f"a {grid} grid needs about {gib(act)} of activations{extra}, more than the "
+            f"{gib(room)} this machine has available; lower {', '.join(hints)}, or use data "
+            "with a smaller grid"
+        )

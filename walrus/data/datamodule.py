@@ -178,6 +178,7 @@ class WellDataModule(L.LightningDataModule):
         self.val_steps_output = val_steps_output or n_steps_output
         self._vocab: FieldVocabulary | None = None
         self._spatial_dims: set[int] = set()
+        self._inputs: list[tuple[str, int, tuple[int, ...], Any]] = []
         self._sets: dict[str, list[WellDataset]] = {}
 
     @property
@@ -252,8 +253,10 @@ class WellDataModule(L.LightningDataModule):
                 if not is_dir(join(self.root, spec.name, "data")):
                     raise self._missing(spec.name)
                 wf = WellFile(list_split_files(self.root, spec.name, "train")[0])
-                vocab.add(wf.channel_names(spec.fields))
+                names = wf.channel_names(spec.fields)
+                vocab.add(names)
                 self._spatial_dims.add(wf.n_spatial)
+                self._inputs.append((str(wf.path), len(names), wf.spatial_shape, wf.bcs))
             self._vocab = vocab
         return self._vocab
 
@@ -262,6 +265,13 @@ class WellDataModule(L.LightningDataModule):
         """The sorted spatial dimensionalities (1-3) of the served datasets (read like ``vocab``)."""
         _ = self.vocab
         return sorted(self._spatial_dims)
+
+    @property
+    def sample_inputs(self) -> list[tuple[str, int, tuple[int, ...], Any]]:
+        """Per dataset, from its first train file (read like ``vocab``; every file of a split
+        shares the grid): ``(file, fields per frame, spatial grid, boundary codes)``."""
+        _ = self.vocab
+        return list(self._inputs)
 
     def stats(self, dataset: str) -> dict[str, dict[str, float]]:
         """Z-score statistics of ``dataset`` from its ``stats.yaml``."""

@@ -28,7 +28,7 @@ from walrus.data.well_dataset import WellDataset
 from walrus.data.well_file import SPLITS, WellFile, list_split_files
 from walrus.errors import reading
 from walrus.hub import open_checkpoint
-from walrus.memory import default_max_sample_bytes
+from walrus.memory import check_forward_fits, default_max_sample_bytes, runs_on_cpu
 from walrus.model.compile import compile_mode, compile_model
 from walrus.model.config import MAX_SIZE
 from walrus.run_files import is_first_process, write_run_files
@@ -505,6 +505,17 @@ def prepare(
             "roll that dataset out on its own"
         )
     planned = plan(data, datasets) if plan is not None else None
+    # CPU runs only: on a GPU the allocator's own error becomes one line (walrus.cli)
+    if runs_on_cpu(OmegaConf.select(cfg, "trainer.accelerator")):
+        for ds in datasets:  # a batch holds at most the dataset's windows
+            check_forward_fits(
+                ckpt.model,
+                [(str(ds.files[0].path), len(ds.field_names), ds.spatial_shape, ds.bcs)],
+                min(batch_size, len(ds)),
+                int(data["n_steps_input"]),
+                training=False,
+                batch_option=f"batch_size={batch_size}",
+            )
     check_stop("infer.py wrote nothing")  # a signal while loading: nothing written yet
     if is_first_process():  # other ranks start once the first has written its run files
         claim_out(out, cfg.get("overwrite", False))

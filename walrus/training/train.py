@@ -33,7 +33,7 @@ from walrus.data.normalization import ZScoreNormalizer, build_normalizer
 from walrus.data.vocab import FieldVocabulary
 from walrus.errors import TrainingInterrupted
 from walrus.hub import open_checkpoint
-from walrus.memory import check_model_fits
+from walrus.memory import check_forward_fits, check_model_fits, model_bytes, runs_on_cpu
 from walrus.model.config import WalrusConfig
 from walrus.options import check_option_types
 from walrus.run_files import is_first_process, write_run_files
@@ -221,6 +221,30 @@ def train(
         return _train(cfg, overrides)
 
 
+def _check_step_fits(cfg: DictConfig, model_cfg: dict[str, Any], datamodule: Any) -> None:
+    """Refuse a CPU run whose training step (activations of one batch of the largest grid,
+    plus the weights, gradients and AdamW state) cannot fit in the free memory, before the
+    model is built. GPU runs are not checked (their allocator reports the device's limit)."""
+    if not runs_on_cpu(OmegaConf.select(cfg, "trainer.accelerator")):
+        return
+    inputs = getattr(datamodule, "sample_inputs", None)
+    batch, frames = getattr(datamodule, "batch_size", None), getattr(datamodule, "n_steps_input", 0)
+    if inputs is None or not isinstance(batch, int) or not isinstance(frames, int):
+        return  # a datamodule of another kind: nothing to estimate from
+    unrolled = OmegaConf.select(cfg, "module.rollout_mode") == "unrolled"
+    steps = OmegaConf.select(cfg, "module.rollout_steps", default=1) if unrolled else 1
+    check_forward_fits(
+        model_cfg,
+        inputs,
+        batch,
+        frames,
+        training=True,
+        batch_option=f"data.batch_size={batch}",
+        to_allocate=model_bytes(model_cfg, "train"),
+        grad_steps=steps if isinstance(steps, int) and steps >= 1 else 1,
+    )
+
+
 def _train(
     cfg: DictConfig, overrides: Sequence[str] | None
 ) -> tuple[dict[str, float], dict[str, Any]]:
@@ -265,6 +289,7 @@ def _train(
     if source:  # sizes checked against the stored weights before anything is allocated
         check_config_fits(model_cfg, model_state_dict(ckpt, source), source)
     check_model_fits(model_cfg, "train")  # weights, gradients, AdamW state vs free memory
+    _check_step_fits(cfg, model_cfg, datamodule)
     try:
         model = build_model(model_cfg)
     except ValueError as e:
