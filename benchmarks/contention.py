@@ -19,7 +19,8 @@ The figure is each condition's wall time over ``alone`` in the same policy and r
 is at most 2.5x. Competitors run with the user's environment as it was (plain torch spins).
 The machine's load average before and after each run is stored with the figures.
 
-Run from the repository root (about 15 minutes on 2 quiet cores with the defaults)::
+Run from the repository root (about 30 minutes on 2 quiet cores with the defaults, most of it
+the spinning runs beside a competitor)::
 
     python -m benchmarks.contention                # 150 steps, 1 round
     python -m benchmarks.contention --steps 40     # a quicker look
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -69,8 +71,12 @@ def _train_command(data: Path, run_dir: Path, steps: int) -> list[str]:
         f"trainer.max_steps={steps}",
         "trainer.num_sanity_val_steps=0",
         "trainer.limit_val_batches=0",
-        "trainer.enable_progress_bar=false",
     ]
+
+
+def python_c(source: str) -> str:
+    """A shell command running the (multi-line) Python ``source`` with this interpreter."""
+    return f"{shlex.quote(sys.executable)} -c {shlex.quote(source)}"
 
 
 def _competitor(kind: str, data: Path, scratch: Path, steps: int) -> subprocess.Popen | None:
@@ -78,7 +84,7 @@ def _competitor(kind: str, data: Path, scratch: Path, steps: int) -> subprocess.
     if kind == "alone":
         return None
     if kind == "torch_loop":
-        one = f"{sys.executable} -c {TORCH_LOOP!r}"
+        one = python_c(TORCH_LOOP)
     else:
         cmd = " ".join(_train_command(data, scratch / "competitor", steps))
         one = f"rm -rf {scratch / 'competitor'}; {cmd}"
@@ -131,8 +137,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=150, help="training steps per run")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds")
     parser.add_argument("--name", default="contention", help="result name under benchmarks/results")
+    parser.add_argument(
+        "--conditions",
+        nargs="+",
+        default=list(CONDITIONS),
+        choices=CONDITIONS,
+        help="competitors to time beside (alone is always timed)",
+    )
     args = parser.parse_args(argv)
     record = run_record(sys.argv if argv is None else argv)
+    kinds = ["alone", *(k for k in args.conditions if k != "alone")]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="walrus-contention-") as tmp:
         scratch = Path(tmp)
@@ -144,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             capture_output=True,
         )
         for _ in range(args.rounds):
-            for kind in CONDITIONS:
+            for kind in kinds:
                 for policy in POLICIES:
                     runs.append(time_run(policy, kind, data, scratch, args.steps))
                     print(runs[-1], flush=True)
@@ -153,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         alone = statistics.median(
             r["wall_s"] for r in runs if r["policy"] == policy and r["condition"] == "alone"
         )
-        for kind in CONDITIONS:
+        for kind in kinds:
             walls = [r["wall_s"] for r in runs if r["policy"] == policy and r["condition"] == kind]
             wall = statistics.median(walls)
             rows.append(

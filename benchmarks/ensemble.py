@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--name", default=None, help="results file suffix (default: checkpoint stem)"
     )
     parser.add_argument("overrides", nargs="*", help="infer.py overrides for both rollouts")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     record = run_record(sys.argv if argv is None else ["benchmarks.ensemble", *argv])
     overrides = [*args.overrides, *([f"steps={args.steps}"] if args.steps else [])]
     try:

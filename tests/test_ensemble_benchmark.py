@@ -31,6 +31,9 @@ def test_ensemble_benchmark_bad_input_is_one_line(tmp_path: Path, capsys) -> Non
         ensemble.main([str(tmp_path / "missing.ckpt"), "--seeds", "0"])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and err.startswith("benchmarks.ensemble:") and "\n" not in err
+    with pytest.raises(SystemExit):  # overrides after the options are overrides, not an error
+        ensemble.main([str(tmp_path / "missing.ckpt"), "--name", "x", "split=valid"])
+    assert capsys.readouterr().err.startswith("benchmarks.ensemble:")
     with pytest.raises(SystemExit):
         ensemble.main([str(tmp_path / "missing.ckpt"), "--members", "1"])
     assert "at least 2" in capsys.readouterr().err
