@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from benchmarks import fno as f
@@ -349,14 +350,17 @@ def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsy
     if fno:
         sel = run["selection"]["fno"]
         means = {k: np.mean(v) for k, v in sel["valid_scores"].items()}
-        # widths x noise levels (by default ours, quickstart's 0.1 input RMS, and none)
+        # widths x noise levels (by default ours, quickstart's 0.1 in its units, and none)
         names = {f"fno{w}_noise{n}" for w in (4, 8) for n in ("0.1", "0")}
         assert set(means) == names and sel["chosen"] == min(means, key=means.get)
         width, noise = sel["chosen"].removeprefix("fno").split("_noise")
+        quickstart = OmegaConf.load(h.CONFIG_DIR / "experiment" / "quickstart.yaml").module
+        # our level comes in our units (quickstart's input_std); the level 0 in --fno-noise-units'
+        units = quickstart.noise_units if float(noise) == quickstart.input_noise else "input_rms"
         for s in run["models"]["fno"]["per_seed"]:
             opts = s["train"]["options"]
             assert (opts["hidden"], opts["noise"]) == (int(width), float(noise))
-            assert opts["noise_units"] == "input_rms"
+            assert opts["noise_units"] == units
     table = capsys.readouterr().out
     assert "ours+jitter" in table and "ours/persistence" in table and "±" in table
     assert ("ours/fno" in table) == fno

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 
 from benchmarks import transfer
-from benchmarks.studies.finetune_probe import probe_parser, save_probe
+from benchmarks.studies.finetune_probe import probe_parser, save_probe, start_probe
 
 
 def main() -> None:
+    record = start_probe()
     args = probe_parser("python -m benchmarks.studies.zero_shot_probe").parse_args()
     done = json.loads(args.transfer_json.read_text())
     held = transfer.external_set(args.dataset)
@@ -35,7 +36,7 @@ def main() -> None:
         rows.append(row)
         zs, sc = row["zero_shot"]["vrmse"], row["scratch 300"]["vrmse"]
         print(seed, {w: round(zs[w] / sc[w], 3) for w in zs if zs[w] and sc.get(w)}, flush=True)
-    save_probe(args, rows)
+    save_probe(args, rows, record)
 
 
 if __name__ == "__main__":
