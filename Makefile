@@ -1,6 +1,8 @@
 # Two commands do all the setup: `make demo` and `make test`.
 # Targets: install, test, test-slow, lint, format, docs, demo, demo-quick, clean; baseline (the quality
 # benchmark's extras, neuraloperator and py-pde, into the same venv with torch pinned);
+# benchmark-quality (the whole quality protocol, docs/quality_protocol.md: hours, about two days
+# on one core; never part of `make test`);
 # pretrain (all nine built-in systems, about 30 minutes on 2 cores, model card beside the checkpoint;
 # PRETRAIN_SIZE=small: three small systems, about 5 minutes).
 PYTHON ?= python3
@@ -8,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install baseline test test-slow lint format docs demo demo-quick demo-dir pretrain clean
+.PHONY: install baseline benchmark-quality test test-slow lint format docs demo demo-quick demo-dir pretrain clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +29,14 @@ install: $(STAMP)
 # (WALRUS_REQUIRE_BASELINE=1 makes a missing one a test failure, not a skip).
 baseline: install
 	$(PY) -m pip install -q -e '.[baseline]' torch==2.13.0
+
+# The quality protocol (docs/quality_protocol.md), every cell one at a time as a new version in
+# benchmarks/results/quality_v<N>/: HOURS (about two days on one core). Needs a committed tree;
+# a stopped run resumes at the same commit. QUALITY_ARGS adds options (--dry-run, --data-root).
+# Render it afterwards with `python -m benchmarks.quality_table --write`.
+QUALITY_ARGS ?=
+benchmark-quality: baseline
+	$(PY) -m benchmarks.quality_protocol $(QUALITY_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
