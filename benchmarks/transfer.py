@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from benchmarks.budgets import BenchmarkError, CPUBudget, step_ceiling
-from benchmarks.common import RESULTS_DIR, save_json
+from benchmarks.common import RESULTS_DIR, cpu_model, save_json
 from benchmarks.pages import RESULTS_PAGE
 from benchmarks.transfer_table import MEASURES, render_page, render_table, summarize
 from walrus.data.synthetic import SYSTEMS, generate
@@ -375,7 +375,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return data
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     argv = [_rel(a) if os.path.isabs(a) else a for a in sys.argv[1:]]
-    record = {"started": started, **git_state(), "argv": argv}
+    record = {"started": started, **git_state(), "cpu_model": cpu_model(), "argv": argv}
     text = str(args.pretrain_time)
     try:
         args.pretrain_time = parse_duration(float(text) if text.isdigit() else text)

@@ -425,3 +425,4 @@ def test_transfer_smoke(tmp_path):
     assert models["finetune 2"]["test"]["trajectories"] == 8
     assert set(models["finetune 2"]["test"]["model"]) == set(transfer_table.MEASURES)
     assert not Path(run["dataset"]).is_absolute() and saved["record"]["commit"]
+    assert saved["record"]["cpu_model"]  # read when the run started
