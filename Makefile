@@ -1,10 +1,10 @@
 # Two commands do all the setup: `make demo` and `make test`.
 # Targets: install, test, test-slow, lint, format, docs, demo, demo-quick, clean; baseline (the quality
 # benchmark's extras, neuraloperator and py-pde, into the same venv with torch pinned);
-# benchmark-quality (the whole quality protocol, docs/quality_protocol.md: hours, about two days
-# on one core; never part of `make test`);
 # pretrain (all nine built-in systems, about 30 minutes on 2 cores, model card beside the checkpoint;
 # PRETRAIN_SIZE=small: three small systems, about 5 minutes).
+# benchmark-quality: the whole quality protocol (docs/quality_protocol.md), hours (about two days
+# on one core); never part of `make test`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -30,14 +30,6 @@ install: $(STAMP)
 baseline: install
 	$(PY) -m pip install -q -e '.[baseline]' torch==2.13.0
 
-# The quality protocol (docs/quality_protocol.md), every cell one at a time as a new version in
-# benchmarks/results/quality_v<N>/: HOURS (about two days on one core). Needs a committed tree;
-# a stopped run resumes at the same commit. QUALITY_ARGS adds options (--dry-run, --data-root).
-# Render it afterwards with `python -m benchmarks.quality_table --write`.
-QUALITY_ARGS ?=
-benchmark-quality: baseline
-	$(PY) -m benchmarks.quality_protocol $(QUALITY_ARGS)
-
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -54,6 +46,14 @@ test: install
 # Every test, the heavier ones too (the full quickstart accuracy run, distributed, compile).
 test-slow: install
 	$(PY) -m pytest -q -m ''
+
+# The quality protocol (docs/quality_protocol.md), every cell one at a time as a new version in
+# benchmarks/results/quality_v<N>/: HOURS (about two days on one core). Needs a committed tree;
+# a stopped run resumes at the same commit. QUALITY_ARGS adds options (--dry-run, --data-root).
+# Render it afterwards with `python -m benchmarks.quality_table --write`.
+QUALITY_ARGS ?=
+benchmark-quality: baseline
+	$(PY) -m benchmarks.quality_protocol $(QUALITY_ARGS)
 
 # The documentation site, built strictly (a broken link or docstring fails) into site/.
 DOCS_STAMP := $(VENV)/.installed-docs
