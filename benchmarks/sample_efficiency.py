@@ -24,8 +24,9 @@ TABLE = "sample-efficiency-table"  # marker on the results page
 HEADLINE = "sample-efficiency-headline"  # marker in the README
 COMMAND = (
     "python -m benchmarks.transfer --sample-efficiency --pretrain-time 1800 --seeds 0,1,2 "
-    "--widen-grid --dataset data/gray_scott_pypde --page docs/results.md --readme README.md"
+    "--widen-grid --near data/gray_scott_pypde --page docs/results.md"
 )
+RENDER = "python -m benchmarks.transfer --sample-efficiency --render-only"
 GROUPS = ("2D", "1D", "3D", "near")  # order of the held-out sets in the table
 
 
@@ -190,7 +191,10 @@ def factor_cell(f: Mapping[str, Any]) -> str:
 
 def not_run() -> str:
     """What the page says before a sample-efficiency JSON exists."""
-    return f"Not run yet. The full benchmark (hours on 2 cores):\n\n```bash\n{COMMAND}\n```"
+    return (
+        f"Not run yet. The full benchmark (hours on 2 cores), then the table and the front "
+        f"page's headline row from its JSON:\n\n```bash\n{COMMAND}\n{RENDER}\n```"
+    )
 
 
 def render_table(data: Mapping[str, Any]) -> str:

@@ -50,7 +50,7 @@ import torch
 from benchmarks import sample_efficiency as se
 from benchmarks.budgets import BenchmarkError, CPUBudget, step_ceiling
 from benchmarks.common import RESULTS_DIR, save_json
-from benchmarks.pages import RESULTS_PAGE
+from benchmarks.pages import README, RESULTS_PAGE
 from benchmarks.transfer_table import MEASURES, render_page, render_table, summarize
 from walrus.data.synthetic import SYSTEMS, generate
 from walrus.data.well_dataset import WellDataset
@@ -578,7 +578,11 @@ def _parser() -> argparse.ArgumentParser:
     se_add("--max-widen", type=int, default=3, help="most widenings per point")
     se_add("--val-every", type=int, default=25, help="steps between validations")
     se_add("--reference-n", type=int, default=2, help="N the data-efficiency factor matches")
-    se_add("--readme", type=Path, help="render the headline row into this README")
+    se_add(
+        "--readme",
+        type=Path,
+        help="render the headline row into this README (with --render-only: README.md)",
+    )
     add(
         "--render-only",
         action="store_true",
@@ -623,7 +627,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.sample_efficiency and args.render_only:
         path = results / f"{args.name}.json"
         data = json.loads(path.read_text()) if path.is_file() else None
-        se.render_pages(data, args.page or RESULTS_PAGE, args.readme)
+        se.render_pages(data, args.page or RESULTS_PAGE, args.readme or README)
         return data or {}
     if args.render_only:
         path = results / f"{args.name}.json"
