@@ -26,6 +26,21 @@ between ``<!-- transfer-table:start -->`` and ``<!-- transfer-table:end -->`` (f
         --dataset data/gray_scott_pypde --page docs/results.md
     python -m benchmarks.transfer --render-only
 
+``--sample-efficiency`` measures the whole data curve instead (held out by default: every 2D
+system, ``burgers_1d`` and ``advection_diffusion_3d``; ``--near PATH`` adds a set reported as
+near the pool). Per held-out set and seed, after the same pretraining, for every N of
+``--trajectories`` (``data.train_trajectories=N``; validation and test fixed): fine-tune and
+train from scratch at every rate of ``--lrs`` (``--widen-grid``: widen it while either choice
+sits at an edge), each run validated every ``--val-every`` steps up to the step cap (the one
+value of ``--finetune-steps``) and kept at its best-validation checkpoint; each side takes the
+rate with the best validation score; a compute-matched scratch run at ``--reference-n`` gets the
+pretraining's CPU seconds plus the fine-tuning's. :mod:`benchmarks.sample_efficiency` summarises
+(data-efficiency factor) and renders ``benchmarks/results/sample_efficiency.json``::
+
+    python -m benchmarks.transfer --sample-efficiency --pretrain-time 1800 --seeds 0,1,2 \\
+        --widen-grid --near data/gray_scott_pypde --page docs/results.md
+    python -m benchmarks.transfer --sample-efficiency --render-only   # page and README
+
 Training CPU time is measured (and capped, for the long-scratch row) by the quality benchmark's
 :class:`benchmarks.budgets.CPUBudget`.
 """

@@ -285,3 +285,19 @@ def test_sample_efficiency_smoke(tmp_path):
     summary = saved["summary"]["gray_scott_2d"]
     assert set(summary["factor"]) == set(summary["windows"])
     assert len(summary["at_edge"]) == 4
+
+
+def test_held_out_sets_are_grouped_by_dimension_and_near_is_apart(tmp_path, capsys):
+    assert [transfer.group_of(n) for n in ("burgers_1d", "gray_scott_2d")] == ["1D", "2D"]
+    assert transfer.group_of("advection_diffusion_3d") == "3D"
+    assert transfer.group_of("gray_scott_pypde", near=True) == "near"
+    assert transfer.group_of("gray_scott_pypde") == "external"
+    root = _tiny_root(tmp_path)
+    args = _args(root, tmp_path, "--near", str(root / "gray_scott_2d"))[1:]
+    with pytest.raises(SystemExit):
+        transfer.main(args)
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("--near is for --sample-efficiency; hold the set out with --dataset")
+    )
