@@ -102,7 +102,7 @@ def _windows(entry: Mapping[str, Any]) -> dict[str, float | None]:
 def summarize(runs: Sequence[Mapping[str, Any]], reference: int = 2) -> dict[str, Any]:
     """Per held-out set: per N and side the test VRMSE of each window (mean and spread over
     seeds), fine-tuned / scratch (ratio of the seed means, and each seed's), the data-efficiency
-    factor per window (from the seed-mean curves), fine-tuned at ``reference`` over
+    factor per window (from the seed-mean curves, and each seed's), fine-tuned at ``reference`` over
     compute-matched scratch, and the rate choices left at the grid's edge."""
     out: dict[str, Any] = {}
     for held in dict.fromkeys(r["held_out"] for r in runs):
@@ -147,6 +147,18 @@ def summarize(runs: Sequence[Mapping[str, Any]], reference: int = 2) -> dict[str
             )
             for w in windows
         }
+        factor_by_seed = [
+            {
+                w: efficiency_factor(
+                    ns,
+                    [_windows(r["curve"][n]["scratch"]).get(w) for n in grid],
+                    _windows(r["curve"][ref]["finetune"]).get(w) if ref in r["curve"] else None,
+                    reference,
+                )
+                for w in windows
+            }
+            for r in mine
+        ]
         matched = [r["compute_matched"] for r in mine if "compute_matched" in r]
         compute = None
         if matched and ref in curve:
@@ -166,6 +178,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], reference: int = 2) -> dict[str
             "windows": windows,
             "curve": curve,
             "factor": factor,
+            "factor_by_seed": factor_by_seed,
             "ft_over_compute_matched": compute,
             "at_edge": edges,
         }

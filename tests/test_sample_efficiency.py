@@ -153,6 +153,7 @@ def test_the_summary_reads_the_factor_from_the_seed_mean_curves():
     # scratch = 1.6 / N reaches the fine-tuned 0.4 at N = 4: twice the reference N
     assert s["factor"]["1"]["trajectories"] == pytest.approx(4.0)
     assert s["factor"]["1"]["factor"] == pytest.approx(2.0)
+    assert [f["1"]["factor"] for f in s["factor_by_seed"]] == pytest.approx([2.0, 2.0])
     assert s["ft_over_compute_matched"]["1"] == pytest.approx(0.4 / 0.4)
     assert s["at_edge"] == [{"seed": 0, "n": "2", "side": "scratch", "edge": "high"}]
     near = _data()["summary"]["gray_scott_pypde"]
