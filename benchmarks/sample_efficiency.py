@@ -205,7 +205,7 @@ def factor_cell(f: Mapping[str, Any]) -> str:
 def not_run() -> str:
     """What the page says before a sample-efficiency JSON exists."""
     return (
-        f"Not run yet. The full benchmark (hours on 2 cores), then the table and the front "
+        f"Not run yet. The full benchmark (about three days on 2 cores, estimated), then the table and the front "
         f"page's headline row from its JSON:\n\n```bash\n{COMMAND}\n{RENDER}\n```"
     )
 
