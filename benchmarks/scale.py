@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"\nATen calls per op, {name}: {bd['per_block_total']} per block x {cfg['depth']}")
         print(f"+ {bd['outside_total']} outside the blocks (embedding, encoder, decoder, jitter);")
         print(f"GB written at B={bd['B']}: {bd['per_block_GB']:.3g} per block, that is")
-        print(f"{bd['per_block_token_matrices']:.3g} bf16 token matrices (B*T*S, C), ", end="")
-        print(f"+ {bd['outside_GB']:.3g} outside the blocks")
+        print(f"{bd['per_block_token_matrices']:.3g} bf16 token matrices (B*T*S, C);", end=" ")
+        print(f"{bd['outside_GB']:.3g} outside the blocks")
         print_table(bd["table"])
     results_dir = Path(args.results_dir) if args.results_dir else RESULTS_DIR
     previous = previous_writers(results_dir / "scale.json", args, table_b)
