@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import shutil
 
@@ -251,7 +252,7 @@ def test_estimate_mfu():
 
 
 def test_scale_script_runs_on_the_tiny_preset(tmp_path):
-    from benchmarks.scale import main
+    from benchmarks.scale import load_preset, main, previous_writers
 
     argv = ["--preset", "tiny", "--grid", "32", "32", "--batches", "1", "--frames", "2"]
     rows = main(argv + ["--results-dir", str(tmp_path)])["rows"]
@@ -259,6 +260,24 @@ def test_scale_script_runs_on_the_tiny_preset(tmp_path):
     fused, plain = rows
     assert fused["fused"] and not plain["fused"] and fused["syncs"] == 0
     assert fused["GB"] < plain["GB"] and fused["calls"] < plain["calls"]
+    first = json.loads((tmp_path / "scale.json").read_text())
+    assert first["previous"] is None  # no earlier file
+    for run in first["runs"]:  # the ten largest writers, from the per-op totals
+        gb = [w["written_GB"] for w in run["top_writers"]]
+        totals = sorted((v["bytes"] + v["inplace_bytes"]) / 1e9 for v in run["ops"].values())
+        assert len(gb) == 10 and gb == pytest.approx(totals[::-1][:10])
+    run = first["runs"][0]
+    split = first["call_breakdown"]["fused=True"]  # one block + the rest = the whole forward
+    depth = load_preset("tiny")["depth"]
+    whole = split["per_block_GB"] * depth + split["outside_GB"]
+    assert whole == pytest.approx(run["written_GB"]) and split["per_block_token_matrices"] > 10
+    # a second run would keep this file's largest writers as its "before" listing
+    same = argparse.Namespace(preset="tiny", grid=[32, 32], frames=2)
+    previous = previous_writers(tmp_path / "scale.json", same, 1)
+    assert previous["top_writers"] == run["top_writers"]
+    assert previous["written_GB"] == run["written_GB"] and previous["B"] == 1
+    other = argparse.Namespace(preset="tiny", grid=[32, 32], frames=3)
+    assert previous_writers(tmp_path / "scale.json", other, 1) is None  # not comparable
 
 
 _NO_CXX = not any(shutil.which(c) for c in ("g++", "c++", "clang++"))
