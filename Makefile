@@ -1,6 +1,6 @@
 # Two commands do all the setup: `make demo` and `make test`.
 # Targets: install, test, test-slow, lint, format, docs, demo, demo-quick, clean; baseline (the quality
-# benchmark's extras, neuraloperator and py-pde, into the same venv with torch pinned);
+# benchmark's extras, The Well's baselines' packages and py-pde, into the same venv, torch pinned);
 # pretrain (all nine built-in systems, about 30 minutes on 2 cores, model card beside the checkpoint;
 # PRETRAIN_SIZE=small: three small systems, about 5 minutes).
 # benchmark-quality: the whole quality protocol (docs/quality_protocol.md), hours (about two days
@@ -25,10 +25,13 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# The FNO baseline and py-pde for benchmarks/quality.py; the FNO test runs where this ran
-# (WALRUS_REQUIRE_BASELINE=1 makes a missing one a test failure, not a skip).
+# The Well's FNO and UNetConvNext baselines and py-pde for benchmarks/quality.py; their tests
+# run where this ran (WALRUS_REQUIRE_BASELINE=1 makes a missing one a test failure, not a skip).
+# timm (The Well's models take DropPath from it) --no-deps: its torchvision requirement would
+# bring a CUDA build that does not load against the CPU torch; DropPath needs only torch.
 baseline: install
 	$(PY) -m pip install -q -e '.[baseline]' torch==2.13.0
+	$(PY) -m pip install -q --no-deps timm==1.0.31
 
 lint: install
 	$(VENV)/bin/ruff check .
