@@ -183,8 +183,7 @@ def well_model_classes() -> dict[str, type[nn.Module]]:
     """
     added: list[str] = []
     try:
-        _bare_package("the_well", added)
-        _bare_package("the_well.benchmark", added)
+        importlib.import_module("the_well.benchmark")
         _bare_package("the_well.benchmark.models", added)
         if "timm.models.layers" not in sys.modules:
             for name in ("timm", "timm.layers", "timm.models"):
@@ -198,9 +197,8 @@ def well_model_classes() -> dict[str, type[nn.Module]]:
     except ImportError:
         raise BenchmarkError(BASELINE_MISSING) from None
     finally:
-        for name in added:
-            if name.startswith("timm"):
-                sys.modules.pop(name, None)  # a later `import timm` imports the real package
+        for name in added:  # a later import of these packages runs their own __init__
+            sys.modules.pop(name, None)
     return {"fno": fno.FNO, "unet_convnext": unet.UNetConvNext}
 
 
