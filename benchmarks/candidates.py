@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks.baselines import KINDS, BaselineOptions
 from benchmarks.harness import BenchmarkError
 from walrus.safe_yaml import load_yaml
 
-CANDIDATES = "benchmarks/quality_candidates.yaml"
+# the default candidate file (the JSON records it relative to the repository)
+CANDIDATES = str(Path(__file__).with_name("quality_candidates.yaml"))
 MAX_CANDIDATES = 8
 
 

@@ -354,7 +354,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--candidates",
         default=CANDIDATES,
-        help=f"every model's candidates, chosen on valid (default {CANDIDATES})",
+        help="every model's candidates, chosen on valid (default benchmarks/quality_candidates.yaml)",
     )
     p.add_argument(
         "--baselines",
