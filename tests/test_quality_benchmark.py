@@ -298,7 +298,9 @@ def test_candidate_file_gives_every_model_the_same_number(tmp_path):
         assert {o.augment for o in cands.values()} == {"d4"}, kind
         assert {o.noise for o in cands.values()} == {0.1}, kind
         assert len({o.width for o in cands.values()}) == 2, kind
-    assert len({o[-1] for o in shipped.ours.values()}) > 1
+        for attr in ("width", "width_3d"):  # no two candidates alike, in 2D or in 3D
+            assert len({(getattr(o, attr), o.lr) for o in cands.values()}) == len(cands), kind
+    assert len({tuple(o) for o in shipped.ours.values()}) == counts["ours"]
     path = tmp_path / "c.yaml"
     path.write_text(TINY_CANDIDATES)
     tiny = qc.load_candidates(path, ["unet_convnext"])
