@@ -1,5 +1,5 @@
 """The field-agnostic input path (``field_embedding="shared"``): shapes, the default left as
-it was, new fields starting at the mean identity, and a fine-tune onto new fields."""
+it was, new fields starting from the known identities, and a fine-tune onto new fields."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_train_overrides
-from walrus.checkpoint import load_checkpoint_file, model_state_dict
+from walrus.checkpoint import atomic_torch_save, load_checkpoint_file, model_state_dict
 from walrus.model.config import WalrusConfig
 from walrus.model.field_embedding import SharedFieldEmbedding
 from walrus.model.walrus import Walrus
@@ -36,8 +36,7 @@ def test_shared_model_shapes_and_parameters(encoder):
     assert isinstance(model.space_bag, SharedFieldEmbedding)
     assert model.space_bag.identity.shape == (8, 8)  # (n_fields, projection_dim)
     assert model.space_bag.lift.shape == (8,)
-    # the decoder holds projection_dim shared rows, not one per vocabulary field
-    assert model.debed["2"].proj2.weight.shape[1] == 8
+    assert model.debed["2"].proj2.weight.shape[1] == 8  # one decoder row per vocabulary field
     assert "space_bag.linear.weight" not in model.state_dict()
     y.sum().backward()
     assert model.space_bag.identity.grad[[1, 4, 6]].abs().sum() > 0
@@ -64,19 +63,31 @@ def test_columns_is_the_default_and_unchanged(encoder):
 def test_new_field_starts_at_the_mean_identity():
     model = _model("patch", "shared")
     bag = model.space_bag
-    model.resize_vocab(10)  # grows the identities only; the decoder rows stay shared
+    model.resize_vocab(10)  # grows the identities and the decoder rows
     assert bag.identity.shape == (10, 8) and model.n_fields == 10
-    assert model.debed["2"].proj2.weight.shape[1] == 8
-    model.init_new_fields([8, 9], [0, 1, 2])
+    assert model.debed["2"].proj2.weight.shape[1] == 10
+    model.init_new_fields([8], [0, 1, 2], spread=0.0)
     mean = bag.identity[:3].mean(dim=0)
-    assert torch.allclose(bag.identity[8], mean) and torch.allclose(bag.identity[9], mean)
-    # so its embedding column and its decoder row are the mean of the known fields' ones
+    assert torch.allclose(bag.identity[8], mean)
+    # so its embedding column is the mean of the known fields' columns
     w, _ = bag.weight_and_bias(torch.tensor([0, 1, 2, 8]))  # (P, 4), one 4-field batch
     assert torch.allclose(w[:, 3], w[:, :3].mean(dim=1), atol=1e-6)
-    mix = bag.decoder_mix(torch.tensor([0, 1, 2, 8]))  # (4, P)
-    assert torch.allclose(mix[3], mix[:3].mean(dim=0), atol=1e-6)
     with pytest.raises(ValueError, match=r"ids must be in \[0, 10\)"):
         model.init_new_fields([10], [0])
+
+
+def test_new_fields_start_apart_inside_the_known_spread():
+    model = _model("conv", "shared", seed=1)
+    model.resize_vocab(2008)
+    bag, new = model.space_bag, list(range(8, 2008))
+    model.init_new_fields(new, range(8))  # default spread 1
+    std, mean = torch.std_mean(bag.identity[:8], dim=0, correction=0)  # (P,) each
+    draws = bag.identity[8:]  # (2000, P)
+    assert not torch.allclose(draws[0], draws[1])  # two new fields are told apart
+    torch.testing.assert_close(
+        draws.mean(dim=0), mean, atol=4 * std.max().item() / 2000**0.5, rtol=0
+    )
+    torch.testing.assert_close(draws.std(dim=0), std, rtol=0.1, atol=0.0)
 
 
 def test_resize_keeps_old_fields_outputs():
@@ -105,7 +116,10 @@ def test_finetune_onto_new_fields_with_shared_embedding(compose_cfg, tiny_data_r
         return train(compose_cfg("train", [*overrides, "trainer.limit_train_batches=1", *extra]))
 
     run(tmp_path / "pre", "model.n_fields=3", "+model.field_embedding=shared")
-    src = tmp_path / "pre" / "checkpoints" / "last.ckpt"
+    ckpt = load_checkpoint_file(tmp_path / "pre" / "checkpoints" / "last.ckpt")
+    ckpt["state_dict"]["model.space_bag.identity"] += 100.0  # far from any fresh init
+    src = tmp_path / "moved.ckpt"
+    atomic_torch_save(ckpt, src)
     old = model_state_dict(load_checkpoint_file(src))["space_bag.identity"]  # (3, P)
     # rate 0: the one step runs end to end and leaves the weights where they started
     run(tmp_path / "ft", f"init_from={src}", "optimizer.lr=0.0", experiment="finetune")
@@ -115,5 +129,6 @@ def test_finetune_onto_new_fields_with_shared_embedding(compose_cfg, tiny_data_r
     assert ckpt["walrus"]["model_config"]["field_embedding"] == "shared"
     new = model_state_dict(ckpt)["space_bag.identity"]  # (5, P)
     assert torch.equal(new[:3], old)
-    mean = old.mean(dim=0)
-    assert torch.allclose(new[3], mean) and torch.allclose(new[4], mean)
+    std, mean = torch.std_mean(old, dim=0, correction=0)  # (P,) each
+    z = (new[3:] - mean) / std  # (2, P): the new fields' draws in units of the known spread
+    assert z.abs().max() < 5 and not torch.allclose(new[3], new[4])

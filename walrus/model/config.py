@@ -185,13 +185,12 @@ class WalrusConfig:
         decoder_overlap: with ``encoder="patch"``, the decoder's last stage has a kernel twice
             its stride (``2 * kernel_sizes[0]``, centred, overlap-added, wrapped around on
             periodic axes), so neighbouring output patches blend instead of meeting at seams.
-        field_embedding: ``"columns"``: one learned embedding column and one decoder output
-            row per vocabulary field (the default). ``"shared"``: one shared lift modulated by
-            a learned identity vector per field, and decoder output rows mixed from
-            ``projection_dim`` shared rows by the same vectors
-            (:class:`~walrus.model.field_embedding.SharedFieldEmbedding`); a field new to a
-            fine-tune starts at the mean identity of the checkpoint's fields. This project's
-            profile only.
+        field_embedding: ``"columns"``: one learned embedding column per vocabulary field (the
+            default). ``"shared"``: one shared lift modulated by a learned identity vector per
+            field (:class:`~walrus.model.field_embedding.SharedFieldEmbedding`); a field new to a
+            fine-tune starts from the identities of the checkpoint's fields
+            (:meth:`~walrus.model.walrus.Walrus.init_new_fields`). The decoder keeps one output
+            row per field either way. This project's profile only.
     """
 
     # Options a fine-tune (``init_from=``) or a resumed run may take from the current config;

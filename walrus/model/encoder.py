@@ -101,15 +101,6 @@ def official_strides(sizes: Sequence[int], target: int) -> list[tuple[int, int]]
     return out
 
 
-def _field_rows(proj: nn.Module, fields: Tensor, mix: Tensor | None) -> tuple[Tensor, Tensor]:
-    """A decoder's last-layer weight ``(inter, C, *k)`` and bias ``(C,)`` for the batch's
-    fields: the rows ``fields`` picks, or with ``mix`` ``(C, Q)`` that mix of the layer's Q
-    shared rows (``field_embedding="shared"``)."""
-    if mix is None:
-        return proj.weight[:, fields], proj.bias[fields]
-    return torch.einsum("iq...,cq->ic...", proj.weight, mix), mix @ proj.bias
-
-
 def _squeeze_kernel(w: Tensor, active: Sequence[bool], reduce: str = "sum") -> Tensor:
     """Reduce a ``(O, I, k, k, k)`` kernel over the inactive axes (sum or mean) and drop them."""
     inactive = [2 + i for i, a in enumerate(active) if not a]
@@ -272,7 +263,6 @@ class Decoder(nn.Module):
         active: Sequence[bool],
         strides: Sequence[tuple[int, int]],
         periodic: Sequence[bool] | None = None,
-        mix: Tensor | None = None,
     ) -> Tensor:
         """Decode.
 
@@ -282,8 +272,6 @@ class Decoder(nn.Module):
             active: which of the 3 axes are present.
             strides: ``(s1, s2)`` per present axis.
             periodic: per present axis, whether it is periodic (used with ``periodic_wrap``).
-            mix: ``(C, Q)``: each field's output row is this mix of the last layer's Q rows
-                (``field_embedding="shared"``); ``None``: the rows ``fields`` picks.
 
         Returns:
             ``(N, C, *padded)``.
@@ -293,9 +281,8 @@ class Decoder(nn.Module):
         w1 = _squeeze_kernel(self.proj1.weight, active, red)  # (dim, inter, *k)
         x = self._conv_t(x, w1, None, [s[1] for s in strides], wrap)
         x = F.silu(self.norm1(x))
-        w, bias = _field_rows(self.proj2, fields, mix)  # (inter, C, k, k, k), (C,)
-        w = _squeeze_kernel(w, active, red)  # (inter, C, *k)
-        return self._conv_t(x, w, bias, [s[0] for s in strides], wrap)
+        w = _squeeze_kernel(self.proj2.weight[:, fields], active, red)  # (inter, C, *k)
+        return self._conv_t(x, w, self.proj2.bias[fields], [s[0] for s in strides], wrap)
 
     @staticmethod
     def _conv_t(
@@ -445,7 +432,6 @@ class PatchDecoder(nn.Module):
         fields: Tensor,
         active: Sequence[bool],
         wrap: Sequence[bool] | None = None,
-        mix: Tensor | None = None,
     ) -> Tensor:
         """Decode.
 
@@ -456,8 +442,6 @@ class PatchDecoder(nn.Module):
             active: per axis of the weights (at least ``d`` entries), whether it is present.
             wrap: per active axis, whether an overlapping patch wraps around it (periodic,
                 unpadded); default none. Unused without ``overlap``.
-            mix: ``(C, Q)``: each field's output rows are this mix of the last stage's Q row
-                blocks (``field_embedding="shared"``); ``None``: the rows ``fields`` picks.
 
         Returns:
             ``(N, C, *padded)`` with ``padded = latent * s1 * s2``.
@@ -471,8 +455,7 @@ class PatchDecoder(nn.Module):
         w1 = w1.permute(0, *range(2, 2 + k), 1).reshape(w1.shape[0], -1)  # (dim, s2^k * inter)
         h = (z @ w1).view(n, -1, inter)  # (N, G * s2^k, inter)
         h = F.silu(self.norm1(h)).view(-1, inter)  # (N * G * s2^k, inter)
-        w2, b2 = _field_rows(self.proj2, fields, mix)  # (inter, C, *[s1 or 2 s1] * d), (C,)
-        w2 = _patch_kernel(w2, act)  # (inter, C, *[s1 or 2 s1] * k)
+        w2 = _patch_kernel(self.proj2.weight[:, fields], act)  # (inter, C, *[s1 or 2 s1] * k)
         c = w2.shape[1]
         if self.overlap:
             # stage-1 tokens back on their grid, (N, inter, *[g * s2]), then one transposed conv
@@ -480,8 +463,8 @@ class PatchDecoder(nn.Module):
             h = h.view(n, *grid, *[s2] * k, inter).permute(*perm)
             h = h.reshape(n, inter, *[g * s2 for g in grid])
             wrap = [False] * k if wrap is None else wrap
-            return _overlap_transposed(h, w2, b2, s1, wrap)
-        bias = b2.repeat_interleave(s1**k)  # (C * s1^k,)
+            return _overlap_transposed(h, w2, self.proj2.bias[fields], s1, wrap)
+        bias = self.proj2.bias[fields].repeat_interleave(s1**k)  # (C * s1^k,)
         y = torch.addmm(bias, h, w2.reshape(inter, -1))  # (N * G * s2^k, C * s1^k)
         # (N, *g, *[s2] * k, C, *[s1] * k) -> (N, C, g1, s2, s1, g2, s2, s1, ...)
         y = y.view(n, *grid, *[s2] * k, c, *[s1] * k)

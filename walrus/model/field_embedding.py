@@ -66,9 +66,8 @@ class SharedFieldEmbedding(nn.Module):
     Field ``f``'s column is ``lift * identity[f]`` (elementwise, ``(dim,)``), so every field is
     read through the same trained lift and a field differs from another only by its identity
     vector. The projection of a batch with C fields is ``C^-1/2 sum_c x_c (lift * identity[f_c])
-    + bias``. A new field's identity starts at the mean of the known ones
-    (:meth:`init_fields`), i.e. at the average known field, not at a random column. The
-    decoder reads its output rows through the same identity vectors (:meth:`decoder_mix`).
+    + bias``. A new field's identity starts from the known ones (:meth:`init_fields`), not at
+    a random column.
 
     Args:
         n_fields: vocabulary size.
@@ -106,10 +105,6 @@ class SharedFieldEmbedding(nn.Module):
         w = (self.identity[fields] * self.lift).t() * fields.numel() ** -0.5  # (dim, C)
         return w, self.bias
 
-    def decoder_mix(self, fields: Tensor) -> Tensor:
-        """``(C, dim)``: how each field's output row mixes the decoder's ``dim`` shared rows."""
-        return self.identity[fields] * self.identity.shape[1] ** -0.5
-
     @torch.no_grad()
     def grow(self, n_fields: int) -> None:
         """Extend the vocabulary to ``n_fields``; new identities get the usual init."""
@@ -119,9 +114,12 @@ class SharedFieldEmbedding(nn.Module):
         self.identity = nn.Parameter(new)
 
     @torch.no_grad()
-    def init_fields(self, new: Tensor, known: Tensor) -> None:
-        """Set the identities of the ``new`` ids to the mean identity of the ``known`` ids
-        (both ``(K,)`` long tensors)."""
+    def init_fields(self, new: Tensor, known: Tensor, spread: float = 1.0) -> None:
+        """Set the identities of the ``new`` ids from those of the ``known`` ids (both ``(K,)``
+        long tensors): their mean plus ``spread`` times their per-entry standard deviation
+        (population) times a standard normal draw, one per new id and entry."""
         if known.numel() == 0:
             raise ValueError("init_fields needs at least one known field")
-        self.identity[new] = self.identity[known].mean(dim=0)
+        std, mean = torch.std_mean(self.identity[known], dim=0, correction=0)  # (dim,) each
+        noise = torch.randn(new.numel(), mean.numel()).to(mean)  # (K, dim), global generator
+        self.identity[new] = mean + spread * std * noise

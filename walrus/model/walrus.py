@@ -144,8 +144,9 @@ class Walrus(nn.Module):
 
     @property
     def shared_fields(self) -> bool:
-        """Whether fields are read through a shared lift and identity vectors
-        (``field_embedding="shared"``) instead of per-field columns and rows."""
+        """Whether fields enter through a shared lift and identity vectors
+        (``field_embedding="shared"``) instead of per-field embedding columns (the decoder keeps
+        one output row per field either way)."""
         return self.config.field_embedding == "shared"
 
     def num_params(self) -> int:
@@ -197,15 +198,13 @@ class Walrus(nn.Module):
     def _new_decoder(self, n_dims: int) -> Decoder | PatchDecoder:
         """A fresh (uninitialised) decoder for ``n_dims``-D data."""
         cfg, profile = self.config, self.profile
-        # output rows: one per vocabulary field, or the shared rows the identities mix
-        rows = cfg.projection_dim if self.shared_fields else cfg.n_fields
         if self.patch:
-            args = (cfg.dim, cfg.intermediate_dim, rows, self.kernel_sizes, n_dims)
+            args = (cfg.dim, cfg.intermediate_dim, cfg.n_fields, self.kernel_sizes, n_dims)
             return PatchDecoder(*args, cfg.groups, profile.norm_eps, overlap=cfg.decoder_overlap)
         return Decoder(
             cfg.dim,
             cfg.intermediate_dim,
-            rows,
+            cfg.n_fields,
             self.kernel_sizes,
             profile.norm_groups(cfg.groups),
             profile.norm_eps,
@@ -289,11 +288,9 @@ class Walrus(nn.Module):
             raise ValueError(f"resize_vocab: cannot shrink the vocabulary from {old} to {n_fields}")
         if n_fields == old:
             return
-        if self.shared_fields:  # the decoder rows do not depend on the vocabulary
+        if self.shared_fields:
             self.space_bag.grow(n_fields)
-            self.config = self.config.replace(n_fields=n_fields)
-            return
-        if self.space_bag is None:
+        elif self.space_bag is None:
             self._resize_field_encoders(old, n_fields)
         else:
             lin = self.space_bag.linear
@@ -315,10 +312,16 @@ class Walrus(nn.Module):
         self.config = self.config.replace(n_fields=n_fields)
 
     @torch.no_grad()
-    def init_new_fields(self, new: Sequence[int], known: Sequence[int]) -> None:
-        """Start the ``new`` vocabulary ids at the mean identity vector of the ``known`` ones
-        (``field_embedding="shared"``: a fine-tune's new fields begin as the average field the
-        checkpoint knows, read by its trained lift and decoder rows).
+    def init_new_fields(
+        self, new: Sequence[int], known: Sequence[int], spread: float = 1.0
+    ) -> None:
+        """Start the ``new`` vocabulary ids from the identity vectors of the ``known`` ones
+        (``field_embedding="shared"``): their mean plus ``spread`` times their per-entry
+        standard deviation times a standard normal draw (torch's global generator), so a
+        fine-tune's new fields start inside the cloud of fields the checkpoint knows, read by
+        its trained lift, and several new fields still start apart (at one point the encoder
+        would see only their sum). ``spread=0``: exactly the mean. Their decoder rows keep the
+        usual init (predictions start near a zero delta).
 
         Raises:
             ValueError: the model has per-field columns, ``known`` is empty, or an id is
@@ -334,7 +337,7 @@ class Walrus(nn.Module):
         device = self.space_bag.identity.device
         new_ids = torch.tensor([int(i) for i in new], dtype=torch.long, device=device)  # (K,)
         known_ids = torch.tensor([int(i) for i in known], dtype=torch.long, device=device)  # (K',)
-        self.space_bag.init_fields(new_ids, known_ids)
+        self.space_bag.init_fields(new_ids, known_ids, spread)
 
     def _resize_field_encoders(self, old: int, n_fields: int) -> None:
         """:meth:`resize_vocab` for the current official layout's :class:`FieldEncoder` s."""
@@ -659,12 +662,11 @@ class Walrus(nn.Module):
         z = z.reshape(b * t_out, *latent, self.dim).movedim(-1, 1)  # (B*T', D, *latent)
         periodic_axes = [p.periodic for p in plans]
         dec = self.debed[str(key)]
-        mix = self.space_bag.decoder_mix(fields) if self.shared_fields else None  # (C, P)
         if self.patch:
             wrap = [p.periodic and not (p.lo or p.hi) for p in plans]
-            y = dec(z, fields, active, wrap, mix=mix)  # (B*T', C, *padded)
+            y = dec(z, fields, active, wrap)  # (B*T', C, *padded)
         else:
-            y = dec(z, fields, active, strides, periodic_axes, mix=mix)  # (B*T', C, *padded)
+            y = dec(z, fields, active, strides, periodic_axes)  # (B*T', C, *padded)
         tie = self._unused_tie(key, plans) if self.training and torch.is_grad_enabled() else None
         if tie is not None:
             y = y + tie.to(y.dtype)

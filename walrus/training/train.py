@@ -349,7 +349,7 @@ def _train(
             model.resize_vocab(len(vocab))
             model_cfg["n_fields"] = len(vocab)
         model.grow_dims(datamodule.spatial_dims)  # fresh sets for new data dimensionalities
-        if model.shared_fields and added:  # new fields start as the average known field
+        if model.shared_fields and added:  # new fields start among the known ones
             model.init_new_fields(vocab.ids(added).tolist(), list(range(len(base_vocab))))
     elif resuming and any(model.encoder_key(d) is None for d in datamodule.spatial_dims):
         raise ValueError(
