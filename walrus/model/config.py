@@ -36,7 +36,7 @@ _INTS = {
 }
 _FLOATS = {"mlp_ratio", "drop_path", "input_drop", "layer_scale_init", "rope_max_freq"}
 _BOOLS = {"causal", "jitter", "latent_roll", "grad_checkpointing", "fused", "decoder_overlap"}
-_STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder"}
+_STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder", "field_embedding"}
 _INT_LISTS = {"kernel_sizes": 2, "target_latent": 3, "include_d": None, "flag_fields": 3}
 _PAIR_LISTS = {"stride_options", "strides"}
 _OPTIONAL = {"intermediate_dim", "strides", "compat"}
@@ -44,6 +44,7 @@ _OPTIONAL = {"intermediate_dim", "strides", "compat"}
 # no real model comes near it); floats must be finite
 MAX_SIZE = 2**31 - 1
 ENCODERS = ("conv", "patch")
+FIELD_EMBEDDINGS = ("columns", "shared")
 
 
 def _short(value: Any) -> str:
@@ -184,6 +185,12 @@ class WalrusConfig:
         decoder_overlap: with ``encoder="patch"``, the decoder's last stage has a kernel twice
             its stride (``2 * kernel_sizes[0]``, centred, overlap-added, wrapped around on
             periodic axes), so neighbouring output patches blend instead of meeting at seams.
+        field_embedding: ``"columns"``: one learned embedding column per vocabulary field (the
+            default). ``"shared"``: one shared lift modulated by a learned identity vector per
+            field (:class:`~walrus.model.field_embedding.SharedFieldEmbedding`); a field new to a
+            fine-tune starts from the identities of the checkpoint's fields
+            (:meth:`~walrus.model.walrus.Walrus.init_new_fields`). The decoder keeps one output
+            row per field either way. This project's profile only.
     """
 
     # Options a fine-tune (``init_from=``) or a resumed run may take from the current config;
@@ -227,6 +234,7 @@ class WalrusConfig:
     fused: bool = True
     encoder: str = "conv"
     decoder_overlap: bool = False
+    field_embedding: str = "columns"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -282,6 +290,16 @@ class WalrusConfig:
             raise ValueError(f"kernel_sizes must be positive, got {self.kernel_sizes}")
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder={self.encoder!r} is not known; expected one of {ENCODERS}")
+        if self.field_embedding not in FIELD_EMBEDDINGS:
+            raise ValueError(
+                f"field_embedding={self.field_embedding!r} is not known; expected one of "
+                f"{FIELD_EMBEDDINGS}"
+            )
+        if self.field_embedding == "shared" and self.compat is not None:
+            raise ValueError(
+                f"field_embedding='shared' is not available with compat={self.compat!r}: the "
+                "official profiles keep their per-field columns"
+            )
         if self.encoder == "patch":
             self._check_patch()
         elif self.decoder_overlap:
