@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import pages, transfer
 from benchmarks import sample_efficiency as se
+from benchmarks import transfer_sample_efficiency as tse
 from walrus.data.synthetic import generate
 
 # ---------------------------------------------------------------------- data-efficiency factor
@@ -76,7 +77,7 @@ def _trainer(best_lr):
 
 def test_both_sides_choose_on_one_grid_and_an_edge_choice_is_flagged():
     train, calls = _trainer({"finetune": 3e-3, "scratch": 1e-1})
-    point = se_point = transfer.choose_rates(train, [1e-3, 3e-3, 1e-2], False, 3)
+    point = se_point = tse.choose_rates(train, [1e-3, 3e-3, 1e-2], False, 3)
     assert point["finetune"]["lr"] == 3e-3 and point["finetune"]["at_edge"] is None
     assert se_point["scratch"]["lr"] == 1e-2 and point["scratch"]["at_edge"] == "high"
     assert point["widened"] == 0 and len(calls) == 6
@@ -85,7 +86,7 @@ def test_both_sides_choose_on_one_grid_and_an_edge_choice_is_flagged():
 
 def test_widening_reruns_until_neither_choice_is_at_the_edge():
     train, calls = _trainer({"finetune": 3e-4, "scratch": 3e-2})
-    point = transfer.choose_rates(train, [1e-3, 3e-3, 1e-2], True, 3)
+    point = tse.choose_rates(train, [1e-3, 3e-3, 1e-2], True, 3)
     assert point["widened"] == 2 and len(point["grid"]) == 7
     # the nearest rates of the twice-widened grid, now inside it
     assert (
@@ -94,7 +95,7 @@ def test_widening_reruns_until_neither_choice_is_at_the_edge():
     assert point["scratch"]["lr"] == pytest.approx(1e-2 * 10 / 3)
     assert point["scratch"]["at_edge"] is None
     assert len(calls) == len(set(calls)) == 2 * 7  # each rate trained once per side
-    capped = transfer.choose_rates(_trainer({"finetune": 1.0, "scratch": 1e-3})[0], [1e-3], True, 1)
+    capped = tse.choose_rates(_trainer({"finetune": 1.0, "scratch": 1e-3})[0], [1e-3], True, 1)
     assert capped["widened"] == 1 and capped["finetune"]["at_edge"] == "high"
 
 
@@ -289,10 +290,10 @@ def test_sample_efficiency_smoke(tmp_path):
 
 
 def test_held_out_sets_are_grouped_by_dimension_and_near_is_apart(tmp_path, capsys):
-    assert [transfer.group_of(n) for n in ("burgers_1d", "gray_scott_2d")] == ["1D", "2D"]
-    assert transfer.group_of("advection_diffusion_3d") == "3D"
-    assert transfer.group_of("gray_scott_pypde", near=True) == "near"
-    assert transfer.group_of("gray_scott_pypde") == "external"
+    assert [tse.group_of(n) for n in ("burgers_1d", "gray_scott_2d")] == ["1D", "2D"]
+    assert tse.group_of("advection_diffusion_3d") == "3D"
+    assert tse.group_of("gray_scott_pypde", near=True) == "near"
+    assert tse.group_of("gray_scott_pypde") == "external"
     root = _tiny_root(tmp_path)
     args = _args(root, tmp_path, "--near", str(root / "gray_scott_2d"))[1:]
     with pytest.raises(SystemExit):

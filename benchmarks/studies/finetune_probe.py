@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import transfer
+from benchmarks import transfer, transfer_runs
 from benchmarks.quality import parse_candidates
 from benchmarks.record import finish_record, portable, portable_path, run_record
 from walrus.atomic import write_text_atomic
@@ -67,12 +67,12 @@ def main() -> None:
     todo = {("finetune", n): o for n, o in candidates.items()}
     todo.update({("scratch", n): o for n, o in args.scratch_candidates.items()})
     done = json.loads(args.transfer_json.read_text())
-    held = transfer.external_set(args.dataset)
+    held = transfer_runs.external_set(args.dataset)
     rows = []
     for run in (r for r in done["runs"] if r["held_out"] == held.name):
         seed = run["seed"]
         ckpt = args.work_dir / held.name / f"seed_{seed}" / "pretrain" / "checkpoints" / "last.ckpt"
-        base = [*transfer.held_overrides(held, seed), f"trainer.max_steps={args.steps}"]
+        base = [*transfer_runs.held_overrides(held, seed), f"trainer.max_steps={args.steps}"]
         start = {
             "finetune": [*base, f"init_from={ckpt}"],
             "scratch": [*base, "finetune.enabled=false"],
@@ -83,8 +83,8 @@ def main() -> None:
             rows.append({**row, "val": own["val"], "test": own["test"]["model"]})
         for (kind, name), overrides in todo.items():
             out = args.work_dir / "probe" / held.name / f"seed_{seed}_{kind}_{name}"
-            fitted = transfer.fit([*start[kind], *overrides], out)
-            test = transfer.evaluate(fitted["checkpoint"], held, out / "eval")["model"]
+            fitted = transfer_runs.fit([*start[kind], *overrides], out)
+            test = transfer_runs.evaluate(fitted["checkpoint"], held, out / "eval")["model"]
             row = {"seed": seed, "kind": kind, "candidate": name, "overrides": overrides}
             rows.append({**row, "steps": fitted["steps"], "val": fitted["val"], "test": test})
             save_probe(args, rows, record)  # what is done survives a stop

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import transfer
+from benchmarks import transfer_runs
 from benchmarks.studies.finetune_probe import probe_parser, save_probe, start_probe
 
 
@@ -19,13 +19,13 @@ def main() -> None:
     record = start_probe()
     args = probe_parser("python -m benchmarks.studies.zero_shot_probe").parse_args()
     done = json.loads(args.transfer_json.read_text())
-    held = transfer.external_set(args.dataset)
+    held = transfer_runs.external_set(args.dataset)
     rows = []
     for run in done["runs"]:
         seed = run["seed"]
         out = args.work_dir / held.name / f"seed_{seed}"
         ckpt = out / "pretrain" / "checkpoints" / "last.ckpt"
-        zero = transfer.score_zero_shot(ckpt, held, out / "eval" / "zero_shot_probe")
+        zero = transfer_runs.score_zero_shot(ckpt, held, out / "eval" / "zero_shot_probe")
         if "skipped" in zero:
             rows.append({"seed": seed, **zero})
             continue
