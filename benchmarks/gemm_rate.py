@@ -19,21 +19,37 @@ After the rounds, one profiled forward+backward of each model splits its CPU tim
 norms, reductions). The GEMM kernels' own FLOP rate, over the square GEMM's, bounds the figure
 above: were every other op free, the step would run at that rate.
 
+**The GEMM floor.** One step of ``small`` runs under :class:`GemmRecorder`, which keeps every
+GEMM call (``mm``, ``addmm``, ``bmm``, ``baddbmm`` and their in-place / ``out=`` forms, forward
+and backward: the calls the profiler lists) with its operands' sizes, strides and dtype.
+:class:`GemmFloor` replays them alone on random tensors of the same layouts. Each round times
+the step and then its floor, so the ratio ``step / floor`` (target <= 1.33) and the non-GEMM
+share ``1 - floor / step`` (target <= 25 %) hold up on a busy machine better than either time.
+
+``--compile blocks|model`` adds a compiled copy of ``small`` (``module.compile``) to the rounds.
+It is compiled twice: into a fresh inductor cache (what a first run pays) and again after
+``torch._dynamo.reset()`` from that cache (what a later run on the same machine pays). The
+first ``--compile-warmup`` steps, less as many steady compiled steps, are its compile time;
+the JSON gives the per-step gain and the step count at which compiling breaks even.
+
 Run from the repository root::
 
     python -m benchmarks.gemm_rate                # 5 rounds, 2 threads
     python -m benchmarks.gemm_rate --rounds 2 --threads 1
+    python -m benchmarks.gemm_rate --compile model   # + compiled step, compile time (~3 min)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
 import os
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,6 +274,20 @@ def floor_summary(calls: list[GemmCall]) -> list[dict[str, Any]]:
     return sorted(seen.values(), key=lambda e: -e["count"] * e["flops"])
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` inside the block."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
 def compile_warmup(step: Step, mode: str, steps: int) -> dict[str, Any]:
     """Compile ``step.model`` in place (``mode``, see :mod:`walrus.model.compile`) and run it.
 
@@ -318,12 +348,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"small: {len(calls)} GEMM calls per step ({floor.flops / 1e9:.2f} GFLOP, "
         f"{len(floor_summary(calls))} distinct), replayed alone as its floor"
     )
-    compiled = None
+    compiled, warmups = None, {}
     if args.compile:
-        compiled = Step(copy.deepcopy(steps["small"].model), batch, frames)
-        compiled.x, compiled.target = steps["small"].x, steps["small"].target
-        warm = compile_warmup(compiled, args.compile, args.compile_warmup)
-        print(f"compile={args.compile}: first steps {[round(s, 2) for s in warm['warmup_s']]} s")
+        # cold: a fresh inductor cache, as a first run pays; warm: the same compile again after
+        # dynamo forgets it, served from that cache, as a later run on the machine pays
+        with tempfile.TemporaryDirectory() as cache, _env("TORCHINDUCTOR_CACHE_DIR", cache):
+            for cache_state in ("cold", "warm"):
+                torch._dynamo.reset()
+                compiled = Step(copy.deepcopy(steps["small"].model), batch, frames)
+                compiled.x, compiled.target = steps["small"].x, steps["small"].target
+                warmups[cache_state] = compile_warmup(compiled, args.compile, args.compile_warmup)
+                seconds = [round(s, 2) for s in warmups[cache_state]["warmup_s"]]
+                print(f"compile={args.compile}, {cache_state} cache: first steps {seconds} s")
     rows: list[dict[str, Any]] = []
     for r in range(args.rounds):
         row: dict[str, Any] = {"round": r, "load1": os.getloadavg()[0]}
@@ -358,11 +394,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "calls": floor_summary(calls),
     }
     if compiled is not None:
-        floor_facts["compiled"] = compile_facts(warm, median)
-        print(
-            f"compile={args.compile}: {floor_facts['compiled']['compile_s']:.0f} s of compilation"
-            f", break-even after {floor_facts['compiled']['break_even_steps']} steps"
-        )
+        floor_facts["compiled"] = {c: compile_facts(w, median) for c, w in warmups.items()}
+        for cache_state, f in floor_facts["compiled"].items():
+            print(
+                f"compile={args.compile}, {cache_state} cache: {f['compile_s']:.0f} s of "
+                f"compilation, break-even after {f['break_even_steps']} steps"
+            )
     breakdown = {}
     for name, step in steps.items():
         gemm = statistics.mean([gemm_gflops(), gemm_gflops()])
