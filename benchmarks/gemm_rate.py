@@ -27,10 +27,11 @@ the step and then its floor, so the ratio ``step / floor`` (target <= 1.33) and 
 share ``1 - floor / step`` (target <= 25 %) hold up on a busy machine better than either time.
 
 ``--compile blocks|model`` adds a compiled copy of ``small`` (``module.compile``) to the rounds.
-It is compiled twice: into a fresh inductor cache (what a first run pays) and again after
-``torch._dynamo.reset()`` from that cache (what a later run on the same machine pays). The
-first ``--compile-warmup`` steps, less as many steady compiled steps, are its compile time;
-the JSON gives the per-step gain and the step count at which compiling breaks even.
+The first ``--compile-warmup`` steps (compiles, and recompiles for new jitter offsets), less as
+many steady compiled steps, are its compile time; the JSON gives the per-step gain and the step
+count at which compiling breaks even. Inductor's on-disk cache serves a compile that ran before
+on the machine; ``TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)`` measures a first (cold) compile, and
+the JSON records whether the cache held entries.
 
 Run from the repository root::
 
@@ -42,20 +43,19 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import math
 import os
 import statistics
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
@@ -274,20 +274,6 @@ def floor_summary(calls: list[GemmCall]) -> list[dict[str, Any]]:
     return sorted(seen.values(), key=lambda e: -e["count"] * e["flops"])
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    """``os.environ[name] = value`` inside the block."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
-
-
 def compile_warmup(step: Step, mode: str, steps: int) -> dict[str, Any]:
     """Compile ``step.model`` in place (``mode``, see :mod:`walrus.model.compile`) and run it.
 
@@ -348,18 +334,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"small: {len(calls)} GEMM calls per step ({floor.flops / 1e9:.2f} GFLOP, "
         f"{len(floor_summary(calls))} distinct), replayed alone as its floor"
     )
-    compiled, warmups = None, {}
+    compiled, warm = None, {}
     if args.compile:
-        # cold: a fresh inductor cache, as a first run pays; warm: the same compile again after
-        # dynamo forgets it, served from that cache, as a later run on the machine pays
-        with tempfile.TemporaryDirectory() as cache, _env("TORCHINDUCTOR_CACHE_DIR", cache):
-            for cache_state in ("cold", "warm"):
-                torch._dynamo.reset()
-                compiled = Step(copy.deepcopy(steps["small"].model), batch, frames)
-                compiled.x, compiled.target = steps["small"].x, steps["small"].target
-                warmups[cache_state] = compile_warmup(compiled, args.compile, args.compile_warmup)
-                seconds = [round(s, 2) for s in warmups[cache_state]["warmup_s"]]
-                print(f"compile={args.compile}, {cache_state} cache: first steps {seconds} s")
+        cache = Path(cache_dir())
+        cache_warm = cache.is_dir() and any(cache.iterdir())
+        compiled = Step(copy.deepcopy(steps["small"].model), batch, frames)
+        compiled.x, compiled.target = steps["small"].x, steps["small"].target
+        warm = compile_warmup(compiled, args.compile, args.compile_warmup)
+        warm["inductor_cache_had_entries"] = cache_warm
+        seconds = [round(s, 2) for s in warm["warmup_s"]]
+        print(f"compile={args.compile} (inductor cache {cache}): first steps {seconds} s")
     rows: list[dict[str, Any]] = []
     for r in range(args.rounds):
         row: dict[str, Any] = {"round": r, "load1": os.getloadavg()[0]}
@@ -394,12 +378,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "calls": floor_summary(calls),
     }
     if compiled is not None:
-        floor_facts["compiled"] = {c: compile_facts(w, median) for c, w in warmups.items()}
-        for cache_state, f in floor_facts["compiled"].items():
-            print(
-                f"compile={args.compile}, {cache_state} cache: {f['compile_s']:.0f} s of "
-                f"compilation, break-even after {f['break_even_steps']} steps"
-            )
+        f = floor_facts["compiled"] = compile_facts(warm, median)
+        print(
+            f"compile={args.compile}: {f['compile_s']:.0f} s of compilation, break-even after "
+            f"{f['break_even_steps']} steps"
+        )
     breakdown = {}
     for name, step in steps.items():
         gemm = statistics.mean([gemm_gflops(), gemm_gflops()])
@@ -427,6 +410,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "iters": args.iters,
             "target_fraction": 0.7,
             "note": args.note,
+            # libgomp's wait policy changes the step (many short parallel regions) more than
+            # its floor; train.py runs with OMP_WAIT_POLICY=PASSIVE unless the user set one
+            "openmp_env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},
             "models": facts,
             "floor": floor_facts,
             "median": median,
