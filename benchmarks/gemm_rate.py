@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "calls": floor_summary(calls),
     }
     if compiled is not None:
-        f = floor_facts["compiled"] = compile_facts(warm, median)
+        f = floor_facts["compiled"] = compile_facts(warm, rows)
         print(
             f"compile={args.compile}: {f['compile_s']:.0f} s of compilation, break-even after "
             f"{f['break_even_steps']} steps"
@@ -427,22 +427,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return median
 
 
-def compile_facts(warm: dict[str, Any], median: dict[str, Any], run_steps: int = 600) -> dict:
-    """Compile time and break-even of a compiled step against eager (medians of the rounds).
+def compile_facts(warm: dict[str, Any], rows: list[dict[str, Any]], run_steps: int = 600) -> dict:
+    """Compile time and break-even of the compiled step against eager.
 
-    Compile time is the warm-up steps' wall time less as many steady compiled steps. The
-    break-even is the step count from which compiling saves time (``None``: never).
+    Compile time is the warm-up steps' wall time less as many of its fastest (steady) step.
+    The gain per step is the median over rounds of eager less compiled ms, each pair timed
+    back to back. The break-even is the step count from which compiling saves time (``None``:
+    never).
     """
-    eager, comp = median["small_ms"] * 1e-3, median["small_compiled_ms"] * 1e-3
-    compile_s = max(0.0, sum(warm["warmup_s"]) - len(warm["warmup_s"]) * comp)
-    gain = eager - comp
+    steady = min(warm["warmup_s"])
+    compile_s = sum(warm["warmup_s"]) - len(warm["warmup_s"]) * steady
+    gain = statistics.median(r["small_ms"] - r["small_compiled_ms"] for r in rows) * 1e-3
+    eager = statistics.median(r["small_ms"] for r in rows) * 1e-3
     return {
         **warm,
         "compile_s": compile_s,
         "gain_ms_per_step": gain * 1e3,
         "break_even_steps": math.ceil(compile_s / gain) if gain > 0 else None,
         "run_steps": run_steps,
-        "run_s": {"eager": run_steps * eager, "compiled": compile_s + run_steps * comp},
+        "run_s": {"eager": run_steps * eager, "compiled": compile_s + run_steps * (eager - gain)},
     }
 
 

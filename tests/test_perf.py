@@ -360,11 +360,17 @@ def test_gemm_rate_compile_break_even():
     from benchmarks.gemm_rate import compile_facts
 
     warm = {"mode": "model", "warmup_steps": 3, "warmup_s": [30.0, 10.0, 0.5]}
-    facts = compile_facts(warm, {"small_ms": 200.0, "small_compiled_ms": 150.0}, run_steps=600)
-    assert facts["compile_s"] == pytest.approx(40.05)  # 40.5 s less 3 steady steps
-    assert facts["break_even_steps"] == 801  # 40.05 s / 0.05 s per step
+    rows = [
+        {"small_ms": 200.0, "small_compiled_ms": 150.0},
+        {"small_ms": 400.0, "small_compiled_ms": 340.0},  # a busy round: pairs, not columns
+        {"small_ms": 210.0, "small_compiled_ms": 170.0},
+    ]
+    facts = compile_facts(warm, rows, run_steps=600)
+    assert facts["compile_s"] == pytest.approx(39.0)  # 40.5 s less 3 steady 0.5 s steps
+    assert facts["gain_ms_per_step"] == pytest.approx(50.0)  # median of 50, 60, 40
+    assert facts["break_even_steps"] == 780  # 39 s / 0.05 s per step
     assert facts["run_s"]["compiled"] > facts["run_s"]["eager"]
-    slower = compile_facts(warm, {"small_ms": 200.0, "small_compiled_ms": 210.0})
+    slower = compile_facts(warm, [{"small_ms": 200.0, "small_compiled_ms": 210.0}])
     assert slower["break_even_steps"] is None
 
 
