@@ -44,18 +44,21 @@ def test_rms_group_normalize_gradients_match_the_composite(weighted):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("groups", [3, 12])  # 12: one channel per group (official profiles)
 @pytest.mark.parametrize("channels_last", [True, False])
-def test_rms_group_norm_module_gradients_match_the_composite(channels_last):
-    norm = RMSGroupNorm(12, 3, eps=1e-6, channels_last=channels_last)
+def test_rms_group_norm_module_gradients_match_the_composite(channels_last, groups):
+    norm = RMSGroupNorm(12, groups, eps=1e-6, channels_last=channels_last)
+    cg = 12 // groups
     with torch.no_grad():
         norm.weight.add_(0.5 * torch.randn(12))
     x = torch.randn(2, 5, 7, 12) if channels_last else torch.randn(2, 12, 5, 7)
     y = norm(x.requires_grad_())
     y.backward(torch.ones_like(y) + x.detach())
-    if channels_last:  # (2, 5, 7, 3, 4): statistic over the 7 positions and 4 channels
-        ref = composite(x.unflatten(-1, (3, 4)), norm.weight.view(3, 4), (-3, -1), 1e-6)
-    else:  # (2, 3, 4, 35)
-        ref = composite(x.reshape(2, 3, 4, 35), norm.weight.view(3, 4, 1), (2, 3), 1e-6)
+    if channels_last:  # (2, 5, 7, G, Cg): statistic over the 7 positions and Cg channels
+        ref = composite(x.unflatten(-1, (groups, cg)), norm.weight.view(groups, cg), (-3, -1), 1e-6)
+    else:  # (2, G, Cg, 35)
+        w = norm.weight.view(groups, cg, 1)
+        ref = composite(x.reshape(2, groups, cg, 35), w, (2, 3), 1e-6)
     want = torch.autograd.grad(ref.reshape(x.shape), (x, norm.weight), torch.ones_like(y) + x)
     torch.testing.assert_close(y, ref.reshape(x.shape), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(x.grad, want[0], rtol=1e-5, atol=1e-5)

@@ -52,7 +52,9 @@ class _RMSScale(torch.autograd.Function):
             lead = x.ndim - w.ndim  # w aligns with x's trailing dims
             over_w = [d for d in dims if d < lead or w.shape[d - lead] == 1]
             pw = p.sum(over_w, keepdim=True)  # summed where w is constant
-            r = (pw * w).sum([d for d in dims if d not in over_w], keepdim=True)
+            r = pw * w
+            if rest := [d for d in dims if d not in over_w]:  # sum([]) would sum every dim
+                r = r.sum(rest, keepdim=True)
             gw = (pw * inv).sum_to_size(w.shape) if ctx.needs_input_grad[1] else None
             scale = inv * w
         coef = r.mul_(inv.pow(3)).mul_(-ctx.k)  # d inv / d x = -k inv^3 x, times sum(gy w x)
