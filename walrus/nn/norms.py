@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 
 def _stat_dtype(x: Tensor) -> torch.dtype:
@@ -40,6 +41,7 @@ class _RMSScale(torch.autograd.Function):
         return x * (inv if w is None else inv * w)
 
     @staticmethod
+    @once_differentiable  # the saved statistic carries no graph: no double backward
     def backward(ctx, gy: Tensor):  # noqa: ANN205
         x, w, inv = ctx.saved_tensors
         dims = [d % x.ndim for d in ctx.dims]
@@ -51,9 +53,10 @@ class _RMSScale(torch.autograd.Function):
         else:
             lead = x.ndim - w.ndim  # w aligns with x's trailing dims
             over_w = [d for d in dims if d < lead or w.shape[d - lead] == 1]
-            pw = p.sum(over_w, keepdim=True)  # summed where w is constant
+            # summed where w is constant, then over the rest (sum([]) would sum every dim)
+            pw = p.sum(over_w, keepdim=True) if over_w else p
             r = pw * w
-            if rest := [d for d in dims if d not in over_w]:  # sum([]) would sum every dim
+            if rest := [d for d in dims if d not in over_w]:
                 r = r.sum(rest, keepdim=True)
             gw = (pw * inv).sum_to_size(w.shape) if ctx.needs_input_grad[1] else None
             scale = inv * w
