@@ -334,6 +334,65 @@ def test_whole_model_compile_matches_eager_training():
             p.grad = q.grad = None
 
 
+def test_gemm_rate_floor_records_the_steps_gemms_forward_and_backward():
+    from benchmarks.gemm_rate import (
+        GemmFloor,
+        TensorSpec,
+        call_flops,
+        floor_summary,
+        op_breakdown,
+        step_gemms,
+    )
+
+    model = tiny().train()
+    x, fields = torch.randn(2, 3, 2, 32, 32), torch.tensor([0, 3])
+
+    def forward() -> torch.Tensor:
+        return model(x, fields, BCS, jitter_seed=0)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        forward().abs().mean().backward()
+
+    calls = step_gemms(step)
+    n_forward = len(step_gemms(forward))
+    assert n_forward > 0 and len(calls) > n_forward  # the backward's GEMMs are recorded too
+    # the same GEMMs, and FLOPs, as the profiler sees in one step
+    assert sum(call_flops(f, a) for f, a, _ in calls) == op_breakdown(step)["gemm_flops"]
+    specs = [a for _, args, _ in calls for a in args if isinstance(a, TensorSpec)]
+    transposed = [s for s in specs if len(s.size) >= 2 and s.stride[-2:] == (1, s.size[-2])]
+    assert transposed  # backward GEMMs read transposed operands; the layout is kept
+    floor = GemmFloor(calls)
+    assert floor.flops == sum(call_flops(f, a) for f, a, _ in calls)
+    for (func, args, _), (rfunc, rargs, _) in zip(calls, floor.calls, strict=True):
+        assert rfunc is func
+        for spec, t in zip(args, rargs, strict=True):
+            if isinstance(spec, TensorSpec):
+                assert (tuple(t.shape), t.stride(), t.dtype) == (spec.size, spec.stride, spec.dtype)
+    floor()
+    summary = floor_summary(calls)
+    assert sum(e["count"] for e in summary) == len(calls)
+    assert sum(e["count"] * e["flops"] for e in summary) == floor.flops
+
+
+def test_gemm_rate_compile_break_even():
+    from benchmarks.gemm_rate import compile_facts
+
+    warm = {"mode": "model", "warmup_steps": 3, "warmup_s": [30.0, 10.0, 0.5]}
+    rows = [
+        {"small_ms": 200.0, "small_compiled_ms": 150.0},
+        {"small_ms": 400.0, "small_compiled_ms": 340.0},  # a busy round: pairs, not columns
+        {"small_ms": 210.0, "small_compiled_ms": 170.0},
+    ]
+    facts = compile_facts(warm, rows, run_steps=600)
+    assert facts["compile_s"] == pytest.approx(39.0)  # 40.5 s less 3 steady 0.5 s steps
+    assert facts["gain_ms_per_step"] == pytest.approx(50.0)  # median of 50, 60, 40
+    assert facts["break_even_steps"] == 780  # 39 s / 0.05 s per step
+    assert facts["run_s"]["compiled"] > facts["run_s"]["eager"]
+    slower = compile_facts(warm, [{"small_ms": 200.0, "small_compiled_ms": 210.0}])
+    assert slower["break_even_steps"] is None
+
+
 def test_gemm_rate_op_breakdown_counts_gemm_flops_exactly():
     from benchmarks.gemm_rate import gemm_flops, op_breakdown, op_kind
 
