@@ -33,6 +33,8 @@ _INTS = {
     "groups",
     "rel_pos_buckets",
     "rel_pos_max_distance",
+    "noise_dim",
+    "decoder_smoothing",
 }
 _FLOATS = {"mlp_ratio", "drop_path", "input_drop", "layer_scale_init", "rope_max_freq"}
 _BOOLS = {"causal", "jitter", "latent_roll", "grad_checkpointing", "fused", "decoder_overlap"}
@@ -184,6 +186,13 @@ class WalrusConfig:
         decoder_overlap: with ``encoder="patch"``, the decoder's last stage has a kernel twice
             its stride (``2 * kernel_sizes[0]``, centred, overlap-added, wrapped around on
             periodic axes), so neighbouring output patches blend instead of meeting at seams.
+        noise_dim: width of the Gaussian noise added to every latent token before the
+            processor (through a learned ``noise_dim -> dim`` projection), so one network gives
+            many ensemble members; 0 (default) is a deterministic model. Noise is drawn when
+            jitter is (training, or a ``jitter_seed`` / ``generator`` given to ``forward``).
+        decoder_smoothing: with ``encoder="patch"``, an odd kernel size ``k`` of a learned
+            per-field smoothing filter after the decoder (residual, ``k^d`` taps per field,
+            starting at the identity); 0 (default) is off.
     """
 
     # Options a fine-tune (``init_from=``) or a resumed run may take from the current config;
@@ -227,6 +236,8 @@ class WalrusConfig:
     fused: bool = True
     encoder: str = "conv"
     decoder_overlap: bool = False
+    noise_dim: int = 0
+    decoder_smoothing: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -284,8 +295,8 @@ class WalrusConfig:
             raise ValueError(f"encoder={self.encoder!r} is not known; expected one of {ENCODERS}")
         if self.encoder == "patch":
             self._check_patch()
-        elif self.decoder_overlap:
-            raise ValueError("decoder_overlap applies to encoder='patch' only")
+        elif self.decoder_overlap or self.decoder_smoothing:
+            raise ValueError("decoder_overlap and decoder_smoothing apply to encoder='patch' only")
         else:
             for s1, s2 in self.stride_options + (self.strides or ()):
                 if s1 > self.kernel_sizes[0] or s2 > self.kernel_sizes[1]:
@@ -298,6 +309,8 @@ class WalrusConfig:
             raise ValueError(
                 f"include_d must be a non-empty subset of (1, 2, 3), got {list(self.include_d)}"
             )
+        if self.noise_dim < 0:
+            raise ValueError(f"noise_dim must be an int >= 0, got {self.noise_dim}")
         if self.rope_max_freq <= 0 or self.rel_pos_buckets < 1 or self.rel_pos_max_distance < 1:
             raise ValueError(
                 "rope_max_freq, rel_pos_buckets and rel_pos_max_distance must be positive"
@@ -322,6 +335,9 @@ class WalrusConfig:
             raise ValueError(
                 "strides does not apply to encoder='patch': its kernel_sizes are the strides"
             )
+        k = self.decoder_smoothing
+        if k < 0 or (k and (k % 2 == 0 or k > 15)):
+            raise ValueError(f"decoder_smoothing must be 0 or an odd int in 3..15, got {k}")
 
     @property
     def mlp_dim(self) -> int:

@@ -17,6 +17,23 @@ def normalized_loss(pred: Tensor, target: Tensor, kind: str = "mae") -> Tensor:
     raise ValueError(f"unknown loss {kind!r}; expected one of {LOSSES}")
 
 
+def ensemble_crps(members: Tensor, target: Tensor) -> Tensor:
+    """The fair (finite-ensemble unbiased) CRPS of ``K >= 2`` members, mean over elements.
+
+    ``members`` is ``(K, *shape)``, ``target`` ``(*shape)``. Per element
+    ``mean_i |x_i - y| - sum_{i<j} |x_i - x_j| / (K (K - 1))``: the expected CRPS of the
+    distribution the members are drawn from. With identical members it is their MAE; the
+    second term rewards members that differ as much as the truth differs from them.
+    """
+    k = members.shape[0]
+    if k < 2:
+        raise ValueError(f"ensemble_crps needs at least 2 members, got {k}")
+    x, y = members.float(), target.float()
+    skill = (x - y).abs().mean(dim=0)  # (*shape)
+    spread = sum((x[i] - x[j]).abs() for i in range(k) for j in range(i + 1, k))  # (*shape)
+    return (skill - spread / (k * (k - 1))).mean()
+
+
 def gradient_loss(pred: Tensor, target: Tensor, kind: str = "mae") -> Tensor:
     """The ``kind`` error of the error's spatial differences, averaged over spatial axes.
 

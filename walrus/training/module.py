@@ -30,7 +30,7 @@ from walrus.training.augment import (
 )
 from walrus.training.budget import BudgetCallback
 from walrus.training.checkpointing import settle_epoch_progress
-from walrus.training.losses import LOSSES, gradient_loss, normalized_loss
+from walrus.training.losses import LOSSES, ensemble_crps, gradient_loss, normalized_loss
 from walrus.training.optim import (
     OptimizerFactory,
     SchedulerFactory,
@@ -92,6 +92,12 @@ class WalrusModule(pl.LightningModule):
         gradient_loss: weight of a second loss term on the spatial differences of the error
             (:func:`~walrus.training.losses.gradient_loss`, same ``loss`` kind and weighting;
             0: off). It penalises grid-scale error such as seams between decoder patches.
+        ensemble_members: ``K``; above 1 the model runs ``K`` times on each training input
+            (each run draws its own jitter and, with ``model.noise_dim``, latent noise) and the
+            loss is the members' fair CRPS (:func:`~walrus.training.losses.ensemble_crps`, in
+            ``loss="mae"`` units) instead of the MAE: training for a calibrated ensemble. Needs
+            ``loss="mae"``, ``rollout_mode="one_step"`` and ``gradient_loss=0``; costs ``K``
+            forward and backward passes per sample.
         augment_symmetry: ``"none"`` or ``"d4"``: turn each training sample, inputs and targets
             alike, by a random 90-degree rotation or reflection of the grid (rotations only
             among axes of equal length), vector components and boundary conditions with it
@@ -131,6 +137,7 @@ class WalrusModule(pl.LightningModule):
         rollout_curriculum: float = 0.0,
         loss_weighting: str = "none",
         gradient_loss: float = 0.0,
+        ensemble_members: int = 1,
         augment_symmetry: str = "none",
         augment_pseudo: Sequence[str] = PSEUDO_FIELDS,
         field_dropout: float = 0.0,
@@ -169,6 +176,18 @@ class WalrusModule(pl.LightningModule):
             raise ValueError(f"module.input_noise must be >= 0, got {input_noise!r}")
         if isinstance(gradient_loss, bool) or not gradient_loss >= 0:
             raise ValueError(f"module.gradient_loss must be a number >= 0, got {gradient_loss!r}")
+        if isinstance(ensemble_members, bool) or not isinstance(ensemble_members, int):
+            raise ValueError(f"module.ensemble_members must be an int, got {ensemble_members!r}")
+        if not 1 <= ensemble_members <= 64:
+            raise ValueError(f"module.ensemble_members must be in 1..64, got {ensemble_members}")
+        if ensemble_members > 1 and (
+            loss != "mae" or rollout_mode != "one_step" or gradient_loss > 0
+        ):
+            raise ValueError(
+                f"module.ensemble_members={ensemble_members} (CRPS training) needs loss=mae, "
+                f"rollout_mode=one_step and gradient_loss=0; got loss={loss}, "
+                f"rollout_mode={rollout_mode}, gradient_loss={gradient_loss}"
+            )
         self.model = model
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
@@ -185,6 +204,7 @@ class WalrusModule(pl.LightningModule):
         self.rollout_curriculum = rollout_curriculum
         self.loss_weighting = loss_weighting
         self.gradient_loss = float(gradient_loss)
+        self.ensemble_members = ensemble_members
         self.symmetry = build_symmetry(augment_symmetry, augment_pseudo)
         self.field_dropout = check_field_dropout(field_dropout)
         self.lr_scales = check_lr_scales(model, lr_scales)
@@ -227,10 +247,13 @@ class WalrusModule(pl.LightningModule):
 
     def _loss(self, pred: Tensor, target: Tensor, window: Tensor, stats: Any) -> Tensor:
         """Loss in normalised space, weighted as ``loss_weighting`` says, plus
-        ``gradient_loss`` times the loss of the error's spatial differences."""
+        ``gradient_loss`` times the loss of the error's spatial differences. ``pred`` is
+        ``(B, T', C, *S)``, or ``(K, B, T', C, *S)`` members scored by their CRPS."""
         if self.loss_weighting == "delta_rms" and self.predict_delta and window.shape[1] > 1:
             w = (stats.delta_scale / (delta_rms(window) + 1e-12)).detach()  # (B, 1, C, 1, ...)
             pred, target = pred * w, target * w
+        if pred.ndim == target.ndim + 1:
+            return ensemble_crps(pred, target)
         loss = normalized_loss(pred, target, self.loss_kind)
         if self.gradient_loss > 0:
             loss = loss + self.gradient_loss * gradient_loss(pred, target, self.loss_kind)
@@ -314,7 +337,14 @@ class WalrusModule(pl.LightningModule):
                 if j == 0 and self.predict_delta:  # later steps: capped as in a rollout
                     cap = stats.delta_scale.detach()
                 pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
-                if grad:
+                if grad and self.ensemble_members > 1 and self.training:
+                    extra = [
+                        self(x_n, batch.field_ids, batch.bcs)
+                        for _ in range(self.ensemble_members - 1)
+                    ]
+                    members = torch.stack([pred, *extra])  # (K, B, T', C, *S)
+                    losses.append(self._loss(members, target, window, stats))
+                elif grad:
                     losses.append(self._loss(pred, target, window, stats))
                 if j < k - 1:
                     nxt = self._next_frame(window, pred[:, -1:].float(), stats)

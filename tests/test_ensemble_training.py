@@ -1,0 +1,201 @@
+"""Ensemble training: the fair CRPS loss, latent noise, and the decoder's smoothing filter."""
+
+from __future__ import annotations
+
+import pytest
+import scoringrules
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from walrus.data.batch import Batch
+from walrus.model.config import WalrusConfig
+from walrus.model.walrus import Walrus
+from walrus.training.losses import ensemble_crps, normalized_loss
+from walrus.training.module import WalrusModule
+
+PERIODIC = 2
+TINY = dict(
+    n_fields=8,
+    dim=64,
+    depth=1,
+    heads=4,
+    projection_dim=16,
+    intermediate_dim=32,
+    groups=8,
+    encoder="patch",
+    kernel_sizes=(4, 2),
+    include_d=(2,),
+)
+
+
+def _model(**kwargs) -> Walrus:
+    torch.manual_seed(0)
+    return Walrus(**{**TINY, **kwargs})
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.randn(2, 3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    return x, torch.tensor([0, 1, 2]), torch.full((2, 2), PERIODIC)
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_ensemble_crps_is_scoringrules_fair_crps(k):
+    g = torch.Generator().manual_seed(k)
+    members, target = torch.randn(k, 4, 6, generator=g), torch.randn(4, 6, generator=g)
+    ref = scoringrules.crps_ensemble(
+        target.double().numpy(), members.double().numpy(), m_axis=0, estimator="fair"
+    )
+    assert ensemble_crps(members, target).item() == pytest.approx(float(ref.mean()), rel=1e-5)
+
+
+def test_ensemble_crps_of_identical_members_is_their_mae_and_spread_lowers_it():
+    g = torch.Generator().manual_seed(0)
+    pred, target = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    same = torch.stack([pred, pred])
+    assert ensemble_crps(same, target).item() == pytest.approx(normalized_loss(pred, target).item())
+    # members straddling a target at 0: CRPS = 1 - |1 - (-1)| / 2 = 0 < MAE of either (1)
+    straddle = torch.stack([torch.ones(4), -torch.ones(4)])
+    assert ensemble_crps(straddle, torch.zeros(4)).item() == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="at least 2 members"):
+        ensemble_crps(pred[None], target)
+
+
+def test_latent_noise_differs_by_seed_and_is_off_without_one():
+    model = _model(noise_dim=4).eval()
+    x, f, bcs = _inputs()
+    with torch.no_grad():
+        plain, again = model(x, f, bcs), model(x, f, bcs)
+        a, a2, b = (model(x, f, bcs, jitter_seed=s) for s in (5, 5, 6))
+        nojit = _model(noise_dim=4, jitter=False).eval()
+        c, d = nojit(x, f, bcs, jitter_seed=5), nojit(x, f, bcs, jitter_seed=6)
+        e = nojit(x, f, bcs)
+    torch.testing.assert_close(plain, again)
+    torch.testing.assert_close(a, a2)
+    assert (a - b).abs().max() > 1e-3
+    # without jitter the members differ by their noise alone, and no seed means no noise
+    assert (c - d).abs().max() > 1e-3
+    with torch.no_grad():
+        nojit.noise_proj.weight.zero_()
+        torch.testing.assert_close(nojit(x, f, bcs, jitter_seed=5), e)
+
+
+def test_noise_and_smoothing_off_leave_the_state_dict_as_it_was():
+    keys = set(_model().state_dict())
+    assert not any("noise_proj" in k or "smoothing" in k for k in keys)
+    with_both = set(_model(noise_dim=4, decoder_smoothing=3).state_dict())
+    assert with_both - keys == {"noise_proj.weight", "debed.2.smoothing"}
+    cfg = WalrusConfig(**TINY, noise_dim=4, decoder_smoothing=5)
+    assert WalrusConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"decoder_smoothing": 4}, "decoder_smoothing"),
+        ({"decoder_smoothing": -3}, "decoder_smoothing"),
+        ({"noise_dim": -1}, "noise_dim"),
+        ({"encoder": "conv", "decoder_smoothing": 3}, "decoder_smoothing"),
+    ],
+)
+def test_bad_noise_and_smoothing_options_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        WalrusConfig(**{**TINY, **kwargs})
+
+
+def test_smoothing_starts_at_the_identity_and_filters_each_field_circularly():
+    x, f, bcs = _inputs()
+    plain, smooth = _model().eval(), _model(decoder_smoothing=3).eval()
+    smooth.load_state_dict(plain.state_dict(), strict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(smooth(x, f, bcs), plain(x, f, bcs))
+        dec = smooth.debed["2"]
+        kernel = torch.randn(8, 1, 3, 3, generator=torch.Generator().manual_seed(2))
+        dec.smoothing.copy_(kernel)
+        y = torch.randn(2, 3, 16, 16)
+        got = dec._smooth(y, f, [True, True], [True, True])
+        ref = y + F.conv2d(F.pad(y, (1, 1, 1, 1), mode="circular"), kernel[f], groups=3)
+        torch.testing.assert_close(got, ref)
+        # non-periodic axes repeat their edge
+        got = dec._smooth(y, f, [True, True], [False, False])
+        ref = y + F.conv2d(F.pad(y, (1, 1, 1, 1), mode="replicate"), kernel[f], groups=3)
+        torch.testing.assert_close(got, ref)
+
+
+def test_resize_vocab_grows_the_smoothing_kernels_with_identity_rows():
+    model = _model(decoder_smoothing=3)
+    with torch.no_grad():
+        model.debed["2"].smoothing.normal_()
+    old = model.debed["2"].smoothing.detach().clone()
+    model.resize_vocab(12)
+    grown = model.debed["2"].smoothing
+    assert grown.shape == (12, 1, 3, 3)
+    torch.testing.assert_close(grown[:8], old)
+    assert grown[8:].abs().max() == 0
+
+
+class _NoisyStep(nn.Module):
+    """A causal toy model whose output carries fresh noise on every call."""
+
+    causal = True
+
+    def __init__(self, noise: float) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(0.3))
+        self.noise = noise
+
+    def forward(self, x, fields, bcs):
+        return self.w * x + self.noise * torch.randn_like(x)  # (B, T, C, *S)
+
+
+def _batch() -> Batch:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2, 3, 2, 8, 8, generator=g), torch.randn(2, 1, 2, 8, 8, generator=g)
+    return Batch(x, y, torch.tensor([0, 1]), torch.full((2, 2), PERIODIC))
+
+
+def test_crps_training_reduces_to_the_mae_for_identical_members_and_rewards_spread():
+    batch = _batch()
+    one = WalrusModule(_NoisyStep(0.0), optimizer=torch.optim.AdamW)
+    two = WalrusModule(_NoisyStep(0.0), optimizer=torch.optim.AdamW, ensemble_members=2)
+    torch.testing.assert_close(two._rollout_loss(batch), one._rollout_loss(batch))
+    noisy = WalrusModule(_NoisyStep(0.5), optimizer=torch.optim.AdamW, ensemble_members=4)
+    torch.manual_seed(0)
+    crps = noisy._rollout_loss(batch)
+    noisy.ensemble_members = 1
+    torch.manual_seed(0)
+    mae = noisy._rollout_loss(batch)
+    assert crps < mae  # the spread term pays for members around the truth
+    (grad,) = torch.autograd.grad(crps, noisy.model.w)
+    assert torch.isfinite(grad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"ensemble_members": 0}, "ensemble_members"),
+        ({"ensemble_members": 2.5}, "ensemble_members"),
+        ({"ensemble_members": 2, "loss": "mse"}, "loss=mae"),
+        ({"ensemble_members": 2, "rollout_mode": "pushforward", "rollout_steps": 2}, "one_step"),
+    ],
+)
+def test_bad_ensemble_training_options_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        WalrusModule(_NoisyStep(0.0), optimizer=torch.optim.AdamW, **kwargs)
+
+
+def test_a_noisy_model_trains_a_crps_step_end_to_end():
+    model = _model(noise_dim=4, decoder_smoothing=3).train()
+    module = WalrusModule(model, optimizer=torch.optim.AdamW, ensemble_members=2)
+    g = torch.Generator().manual_seed(0)
+    batch = Batch(
+        torch.randn(2, 3, 2, 32, 32, generator=g),
+        torch.randn(2, 1, 2, 32, 32, generator=g),
+        torch.tensor([0, 1]),
+        torch.full((2, 2), PERIODIC),
+    )
+    loss = module._rollout_loss(batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert model.noise_proj.weight.grad.abs().sum() > 0
+    assert model.debed["2"].smoothing.grad.abs().sum() > 0
