@@ -80,6 +80,15 @@ def test_latent_noise_differs_by_seed_and_is_off_without_one():
         torch.testing.assert_close(nojit(x, f, bcs, jitter_seed=5), e)
 
 
+@pytest.mark.parametrize(("scope", "shape"), [("sample", (2, 1, 1, 4)), ("token", (2, 3, 16, 4))])
+def test_latent_noise_is_one_vector_per_sample_or_per_token(scope, shape):
+    model = _model(noise_dim=4, noise_scope=scope)
+    z = torch.zeros(2, 3, 16, 64)  # (B, T, S, D)
+    noise = model._latent_noise(z, 7, None)
+    assert noise.shape == shape
+    torch.testing.assert_close(noise, model._latent_noise(z, 7, None))
+
+
 def test_noise_and_smoothing_off_leave_the_state_dict_as_it_was():
     keys = set(_model().state_dict())
     assert not any("noise_proj" in k or "smoothing" in k for k in keys)
@@ -95,6 +104,7 @@ def test_noise_and_smoothing_off_leave_the_state_dict_as_it_was():
         ({"decoder_smoothing": 4}, "decoder_smoothing"),
         ({"decoder_smoothing": -3}, "decoder_smoothing"),
         ({"noise_dim": -1}, "noise_dim"),
+        ({"noise_dim": 4, "noise_scope": "pixel"}, "noise_scope"),
         ({"encoder": "conv", "decoder_smoothing": 3}, "decoder_smoothing"),
     ],
 )

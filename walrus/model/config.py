@@ -38,7 +38,7 @@ _INTS = {
 }
 _FLOATS = {"mlp_ratio", "drop_path", "input_drop", "layer_scale_init", "rope_max_freq"}
 _BOOLS = {"causal", "jitter", "latent_roll", "grad_checkpointing", "fused", "decoder_overlap"}
-_STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder"}
+_STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder", "noise_scope"}
 _INT_LISTS = {"kernel_sizes": 2, "target_latent": 3, "include_d": None, "flag_fields": 3}
 _PAIR_LISTS = {"stride_options", "strides"}
 _OPTIONAL = {"intermediate_dim", "strides", "compat"}
@@ -46,6 +46,7 @@ _OPTIONAL = {"intermediate_dim", "strides", "compat"}
 # no real model comes near it); floats must be finite
 MAX_SIZE = 2**31 - 1
 ENCODERS = ("conv", "patch")
+NOISE_SCOPES = ("sample", "token")
 
 
 def _short(value: Any) -> str:
@@ -190,6 +191,9 @@ class WalrusConfig:
             processor (through a learned ``noise_dim -> dim`` projection), so one network gives
             many ensemble members; 0 (default) is a deterministic model. Noise is drawn when
             jitter is (training, or a ``jitter_seed`` / ``generator`` given to ``forward``).
+        noise_scope: ``"sample"``: one noise vector per sample, added to all its tokens (the
+            processor turns it into spatially coherent perturbations); ``"token"``: a vector
+            per token and frame (perturbations then follow the patch grid).
         decoder_smoothing: with ``encoder="patch"``, an odd kernel size ``k`` of a learned
             per-field smoothing filter after the decoder (residual, ``k^d`` taps per field,
             starting at the identity); 0 (default) is off.
@@ -237,6 +241,7 @@ class WalrusConfig:
     encoder: str = "conv"
     decoder_overlap: bool = False
     noise_dim: int = 0
+    noise_scope: str = "sample"
     decoder_smoothing: int = 0
 
     def __post_init__(self) -> None:
@@ -311,6 +316,10 @@ class WalrusConfig:
             )
         if self.noise_dim < 0:
             raise ValueError(f"noise_dim must be an int >= 0, got {self.noise_dim}")
+        if self.noise_scope not in NOISE_SCOPES:
+            raise ValueError(
+                f"noise_scope={self.noise_scope!r} is not known; expected one of {NOISE_SCOPES}"
+            )
         if self.rope_max_freq <= 0 or self.rel_pos_buckets < 1 or self.rel_pos_max_distance < 1:
             raise ValueError(
                 "rope_max_freq, rel_pos_buckets and rel_pos_max_distance must be positive"

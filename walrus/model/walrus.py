@@ -14,8 +14,8 @@ only on the configuration, so the latent grid is the same in training and evalua
 come from a CPU generator (Python ints, no device sync), in a fixed order: one patch shift per
 strided axis, then one roll per periodic axis per block.
 
-Latent noise (``noise_dim > 0``): Gaussian noise, projected to ``D``, is added to every latent
-token before the processor under the same condition (training, or a seed / generator given),
+Latent noise (``noise_dim > 0``): Gaussian noise (one vector per sample, or per token with
+``noise_scope="token"``), projected to ``D``, is added to every latent token before the processor under the same condition (training, or a seed / generator given),
 so each seed gives one ensemble member; without a seed evaluation stays deterministic.
 """
 
@@ -498,9 +498,12 @@ class Walrus(nn.Module):
     def _latent_noise(
         self, z: Tensor, seed: int | None, generator: torch.Generator | None
     ) -> Tensor:
-        """Standard normal ``(B, T, S, noise_dim)`` for the latent ``z``: from ``seed`` (its own
-        stream, apart from the jitter's), else ``generator``, else the global generator."""
-        shape = (*z.shape[:-1], self.noise_proj.in_features)
+        """Standard normal ``(B, 1, 1, noise_dim)`` (``noise_scope="sample"``) or
+        ``(B, T, S, noise_dim)`` (``"token"``) for the latent ``z`` ``(B, T, S, D)``: from
+        ``seed`` (its own stream, apart from the jitter's), else ``generator``, else the global
+        generator."""
+        lead = z.shape[:-1] if self.config.noise_scope == "token" else (z.shape[0], 1, 1)
+        shape = (*lead, self.noise_proj.in_features)
         if seed is not None:
             generator = torch.Generator().manual_seed(seed ^ NOISE_SEED_SALT)
         if generator is None:
