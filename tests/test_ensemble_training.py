@@ -209,3 +209,36 @@ def test_a_noisy_model_trains_a_crps_step_end_to_end():
     assert torch.isfinite(loss)
     assert model.noise_proj.weight.grad.abs().sum() > 0
     assert model.debed["2"].smoothing.grad.abs().sum() > 0
+
+
+def test_noisy_members_share_their_jitter_and_differ_by_noise_alone():
+    model = _model(noise_dim=4).train()
+    module = WalrusModule(model, optimizer=torch.optim.AdamW, ensemble_members=3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 2, 32, 32, generator=g)
+    batch = Batch(x, x[:, :1], torch.tensor([0, 1]), torch.full((2, 2), PERIODIC))
+    with torch.no_grad():
+        members = module._members(x, batch)  # (K, B, T, C, *S)
+        assert members.shape == (3, *x.shape)
+        assert (members[0] - members[1]).abs().max() > 1e-4
+        model.noise_proj.weight.zero_()  # no noise left: one jitter draw, identical members
+        same = module._members(x, batch)
+    torch.testing.assert_close(same[0], same[1])
+    torch.testing.assert_close(same[0], same[2])
+
+
+def test_jitter_averaged_draws_of_a_noisy_model_share_the_steps_noise():
+    from walrus.rollout import predict_next
+
+    model = _model(noise_dim=4).eval()
+    x, f, bcs = _inputs()
+    calls = []
+    real = model.forward
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("noise_seed"))
+        return real(*args, **kwargs)
+
+    model.forward = spy
+    predict_next(model, x, f, bcs, jitter_seed=11, jitter_average=3)
+    assert calls == [None, 11, 11]  # the first draw's noise comes from its own seed, 11

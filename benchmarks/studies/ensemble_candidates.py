@@ -193,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             {w: round(x, 3) for w, x in v["ensemble_mean_over_deterministic_vrmse"].items()},
         )
         print("   high@1", {f: round(x, 2) for f, x in v["member_power_high_step1"].items() if x})
+        for f, bands in v["member_power_low_mid"].items():
+            print(f"   member power {f}", {b: {w: round(x, 2) for w, x in ws.items() if x}
+                                           for b, ws in bands.items()})  # fmt: skip
         print("   pass", v["pass"], flush=True)
     out["record"] = finish_record(record)
     save_result(args.name, out)

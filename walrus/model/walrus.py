@@ -495,6 +495,11 @@ class Walrus(nn.Module):
         padded = [n + p.lo + p.hi for n, p in zip(lengths, plans)]
         return padded, strides, [p.periodic for p in plans]
 
+    @property
+    def noisy(self) -> bool:
+        """Whether the model draws latent noise (``noise_dim > 0``)."""
+        return self.noise_proj is not None
+
     def _latent_noise(
         self, z: Tensor, seed: int | None, generator: torch.Generator | None
     ) -> Tensor:
@@ -577,6 +582,7 @@ class Walrus(nn.Module):
         *,
         jitter_seed: int | None = None,
         generator: torch.Generator | None = None,
+        noise_seed: int | None = None,
     ) -> Tensor:
         """Predict normalised frame deltas.
 
@@ -588,6 +594,10 @@ class Walrus(nn.Module):
                 or a nested list. Best kept on the CPU (a device tensor costs one sync).
             jitter_seed: activate jitter (also in eval mode) and draw it from this seed.
             generator: activate jitter (also in eval mode) and draw it from this CPU generator.
+            noise_seed: with ``noise_dim > 0``, draw the latent noise from this seed (also in
+                eval mode) instead of from the jitter's seed or generator: calls that share it
+                share their noise whatever their jitter (one ensemble member averaged over
+                jitter draws).
 
         Returns:
             Causal: ``(B, T, C, *spatial)``, output ``t`` is the normalised delta from frame ``t``
@@ -642,9 +652,13 @@ class Walrus(nn.Module):
         s = math.prod(latent)
         z = z.movedim(1, -1).contiguous().view(b, t, s, self.dim)  # (B, T, S, D) contiguous
         if self.noise_proj is not None and (
-            self.training or jitter_seed is not None or generator is not None
+            self.training
+            or jitter_seed is not None
+            or generator is not None
+            or noise_seed is not None
         ):
-            z = z + self.noise_proj(self._latent_noise(z, jitter_seed, generator))
+            seed = noise_seed if noise_seed is not None else jitter_seed
+            z = z + self.noise_proj(self._latent_noise(z, seed, generator))
         rope = self.rope.tables(tuple(grid), z.device, z.dtype)
         periodic = [i for i, p in zip(act_axes, plans) if p.periodic]
         ropes = self._block_ropes(rope, grid, periodic, draws)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 LOSSES = ("mae", "mse")
@@ -32,6 +33,20 @@ def ensemble_crps(members: Tensor, target: Tensor) -> Tensor:
     skill = (x - y).abs().mean(dim=0)  # (*shape)
     spread = sum((x[i] - x[j]).abs() for i in range(k) for j in range(i + 1, k))  # (*shape)
     return (skill - spread / (k * (k - 1))).mean()
+
+
+def ensemble_gradient_crps(members: Tensor, target: Tensor) -> Tensor:
+    """:func:`ensemble_crps` of the members' spatial differences against the target's.
+
+    ``members`` ``(K, B, T, C, *S)``, ``target`` ``(B, T, C, *S)``; averaged over the spatial
+    axes longer than one point. Members that differ from each other at the grid scale more
+    than the truth varies there (patch seams, pixel noise) score worse.
+    """
+    axes = [a for a in range(3, target.ndim) if target.shape[a] > 1]
+    if not axes:
+        return target.new_zeros((), dtype=torch.float32)
+    terms = [ensemble_crps(members.diff(dim=a + 1), target.diff(dim=a)) for a in axes]
+    return sum(terms) / len(terms)
 
 
 def gradient_loss(pred: Tensor, target: Tensor, kind: str = "mae") -> Tensor:

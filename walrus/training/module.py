@@ -30,7 +30,13 @@ from walrus.training.augment import (
 )
 from walrus.training.budget import BudgetCallback
 from walrus.training.checkpointing import settle_epoch_progress
-from walrus.training.losses import LOSSES, ensemble_crps, gradient_loss, normalized_loss
+from walrus.training.losses import (
+    LOSSES,
+    ensemble_crps,
+    ensemble_gradient_crps,
+    gradient_loss,
+    normalized_loss,
+)
 from walrus.training.optim import (
     OptimizerFactory,
     SchedulerFactory,
@@ -95,9 +101,12 @@ class WalrusModule(pl.LightningModule):
         ensemble_members: ``K``; above 1 the model runs ``K`` times on each training input
             (each run draws its own jitter and, with ``model.noise_dim``, latent noise) and the
             loss is the members' fair CRPS (:func:`~walrus.training.losses.ensemble_crps`, in
-            ``loss="mae"`` units) instead of the MAE: training for a calibrated ensemble. Needs
-            ``loss="mae"``, ``rollout_mode="one_step"`` and ``gradient_loss=0``; costs ``K``
-            forward and backward passes per sample.
+            ``loss="mae"`` units) instead of the MAE: training for a calibrated ensemble;
+            ``gradient_loss`` then weighs the CRPS of the members' spatial differences
+            (:func:`~walrus.training.losses.ensemble_gradient_crps`). With latent noise
+            (``model.noise_dim > 0``) the members share one jitter draw and differ by their
+            noise alone. Needs ``loss="mae"`` and
+            ``rollout_mode="one_step"``; costs ``K`` forward and backward passes per sample.
         augment_symmetry: ``"none"`` or ``"d4"``: turn each training sample, inputs and targets
             alike, by a random 90-degree rotation or reflection of the grid (rotations only
             among axes of equal length), vector components and boundary conditions with it
@@ -180,13 +189,10 @@ class WalrusModule(pl.LightningModule):
             raise ValueError(f"module.ensemble_members must be an int, got {ensemble_members!r}")
         if not 1 <= ensemble_members <= 64:
             raise ValueError(f"module.ensemble_members must be in 1..64, got {ensemble_members}")
-        if ensemble_members > 1 and (
-            loss != "mae" or rollout_mode != "one_step" or gradient_loss > 0
-        ):
+        if ensemble_members > 1 and (loss != "mae" or rollout_mode != "one_step"):
             raise ValueError(
-                f"module.ensemble_members={ensemble_members} (CRPS training) needs loss=mae, "
-                f"rollout_mode=one_step and gradient_loss=0; got loss={loss}, "
-                f"rollout_mode={rollout_mode}, gradient_loss={gradient_loss}"
+                f"module.ensemble_members={ensemble_members} (CRPS training) needs loss=mae and "
+                f"rollout_mode=one_step; got loss={loss}, rollout_mode={rollout_mode}"
             )
         self.model = model
         self.optimizer_factory = optimizer
@@ -252,8 +258,11 @@ class WalrusModule(pl.LightningModule):
         if self.loss_weighting == "delta_rms" and self.predict_delta and window.shape[1] > 1:
             w = (stats.delta_scale / (delta_rms(window) + 1e-12)).detach()  # (B, 1, C, 1, ...)
             pred, target = pred * w, target * w
-        if pred.ndim == target.ndim + 1:
-            return ensemble_crps(pred, target)
+        if pred.ndim == target.ndim + 1:  # members: CRPS of values (and of differences)
+            loss = ensemble_crps(pred, target)
+            if self.gradient_loss > 0:
+                loss = loss + self.gradient_loss * ensemble_gradient_crps(pred, target)
+            return loss
         loss = normalized_loss(pred, target, self.loss_kind)
         if self.gradient_loss > 0:
             loss = loss + self.gradient_loss * gradient_loss(pred, target, self.loss_kind)
@@ -336,20 +345,36 @@ class WalrusModule(pl.LightningModule):
                     x_n = x_n * keep  # dropped fields read 0; targets stay as they are
                 if j == 0 and self.predict_delta:  # later steps: capped as in a rollout
                     cap = stats.delta_scale.detach()
-                pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
                 if grad and self.ensemble_members > 1 and self.training:
-                    extra = [
-                        self(x_n, batch.field_ids, batch.bcs)
-                        for _ in range(self.ensemble_members - 1)
-                    ]
-                    members = torch.stack([pred, *extra])  # (K, B, T', C, *S)
+                    members = self._members(x_n, batch)  # (K, B, T', C, *S)
                     losses.append(self._loss(members, target, window, stats))
-                elif grad:
-                    losses.append(self._loss(pred, target, window, stats))
+                    pred = members[0]
+                else:
+                    pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
+                    if grad:
+                        losses.append(self._loss(pred, target, window, stats))
                 if j < k - 1:
                     nxt = self._next_frame(window, pred[:, -1:].float(), stats)
                     window = torch.cat([window[:, 1:], nxt.to(window.dtype)], dim=1)
         return torch.stack(losses).mean() * self.loss_multiplier
+
+    def _members(self, x: Tensor, batch: Batch) -> Tensor:
+        """``ensemble_members`` predictions ``(K, B, T', C, *S)`` of the normalised input ``x``.
+
+        A model with latent noise (``noisy``) runs every member under one shared jitter draw
+        and its own noise, so the spread it learns comes from the noise, not from where the
+        patch grid falls; a model without noise gives members that differ by their jitter.
+        """
+        k = self.ensemble_members
+        if not getattr(self.model, "noisy", False):
+            return torch.stack([self(x, batch.field_ids, batch.bcs) for _ in range(k)])
+        seed = int(torch.randint(0, 2**62, (1,)).item())  # global CPU generator: no sync
+        return torch.stack(
+            [
+                self.model(x, batch.field_ids, batch.bcs, jitter_seed=seed, noise_seed=seed + 1 + i)
+                for i in range(k)
+            ]
+        )
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self._rollout_loss(batch)
