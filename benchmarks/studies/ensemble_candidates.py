@@ -4,8 +4,8 @@ For each checkpoint (a training candidate: CRPS training with latent noise, deco
 the deterministic recipe, ...) and each inference seed, rolls the first ``--trajectories``
 validation trajectories out three ways with the Python API (:mod:`walrus.rollout`):
 
-- ``ensemble``: ``--members`` members (``jitter_average=1``: each member is one draw of jitter
-  and, for a noisy model, latent noise), scored as ``infer.py rollout ensemble=K`` scores it
+- ``ensemble``: ``--members`` members (each averaging ``--member-jitter-average`` jitter draws
+  per step, default 1; a noisy model's draws share the member's latent noise), scored as ``infer.py rollout ensemble=K`` scores it
   (spread-skill ratio corrected for K, fair CRPS over the truth's spread, rank histograms) plus
   the VRMSE of the ensemble mean;
 - ``member``: member 0 alone, for its sharpness: power ratio per wavenumber band and field
@@ -53,7 +53,7 @@ def _windows(block: Mapping[str, Any]) -> dict[str, Any]:
 
 def score_checkpoint(
     path: str, data_dir: str, dataset: str, *, members: int, seeds: Sequence[int],
-    trajectories: int, steps: int | None, batch_size: int = 4,
+    trajectories: int, steps: int | None, batch_size: int = 4, member_average: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
     """Ensemble, member-0 and deterministic scores of one checkpoint, per inference seed."""
     ckpt = load_inference_checkpoint(path)
@@ -86,7 +86,7 @@ def score_checkpoint(
                     members=members,
                     jitter_seed=seed,
                     keep_members=True,
-                    jitter_average=1,
+                    jitter_average=member_average,
                 ),  # fmt: skip
                 rollout(ckpt, batch, n_steps, jitter_seed=seed, jitter_average=default_avg),
             )
@@ -112,6 +112,7 @@ def score_checkpoint(
         "trajectories": n_traj,
         "steps": n_steps,
         "members": members,
+        "member_jitter_average": member_average,
         "deterministic_jitter_average": default_avg,
         "per_seed": per_seed,
     }
@@ -176,13 +177,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--trajectories", type=int, default=8)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--name", default="ensemble_candidates")
+    p.add_argument("--member-jitter-average", type=int, default=1,
+                   help="jitter draws averaged per member and step (a noisy model's draws share "
+                   "the member's noise; default 1)")  # fmt: skip
     args = p.parse_args(argv)
     record = run_record(sys.argv if argv is None else ["ensemble_candidates", *argv])
     out: dict[str, Any] = {"dataset": args.dataset, "split": "valid", "candidates": {}}
     for item in args.candidates:
         name, _, path = item.partition("=")
         res = score_checkpoint(path, args.data_dir, args.dataset, members=args.members,
-                               seeds=args.seeds, trajectories=args.trajectories, steps=args.steps)  # fmt: skip
+                               seeds=args.seeds, trajectories=args.trajectories, steps=args.steps,
+                               member_average=args.member_jitter_average)  # fmt: skip
         res["verdicts"] = verdicts(res)
         out["candidates"][name] = res
         v = res["verdicts"]
