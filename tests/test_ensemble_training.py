@@ -242,3 +242,35 @@ def test_jitter_averaged_draws_of_a_noisy_model_share_the_steps_noise():
     model.forward = spy
     predict_next(model, x, f, bcs, jitter_seed=11, jitter_average=3)
     assert calls == [None, 11, 11]  # the first draw's noise comes from its own seed, 11
+
+
+def _scores(ss: float, crps: float, mae: float) -> dict:
+    """One inference seed's scores as the ensemble study stores them (three windows, one field)."""
+
+    def block(v, v1=None):
+        windows = {"1": v1 or v, "2-10": v, "11-30": v}
+        return {"fields": {"u": windows}, "mean": windows}
+
+    member = {k: block(1.0) for k in ("vrmse", "amplitude_ratio", "change_correlation")}
+    member |= {"power_ratio_low": block(1.1), "power_ratio_mid": block(1.6),
+               "power_ratio_high": block(3.0, v1=30.0)}  # fmt: skip
+    return {
+        "spread_skill": block(ss), "crps": block(crps), "rank_max_over_flat": block(1.5),
+        "vrmse_ensemble_mean": block(0.2), "vrmse_deterministic": block(0.25),
+        "mae_deterministic": block(mae), "vrmse_persistence": block(0.5), "member": member,
+    }  # fmt: skip
+
+
+def test_the_ensemble_study_reads_the_criteria_off_the_scores():
+    from benchmarks.studies.ensemble_candidates import markdown, verdicts
+
+    result = {"per_seed": {"0": _scores(0.8, 0.1, 0.2), "1": _scores(1.0, 0.1, 0.2)}}
+    v = verdicts(result)
+    assert v["spread_skill"]["2-10"] == pytest.approx(0.9)
+    assert v["crps_over_deterministic_mae"]["2-10"] == pytest.approx(0.5)
+    assert v["member_power_high_step1"] == {"u": 30.0}
+    assert v["pass"]["spread_skill_0.7_1.3"] and v["pass"]["mean_no_worse"]
+    assert not v["pass"]["member_power_0.7_1.4"]  # mid band 1.6 over steps 11-30
+    assert not v["pass"]["high_step1_2x"]
+    table = markdown({"candidates": {"crps": {"verdicts": v}}})
+    assert "| crps | 1 | 0.9 | 1.5 | 0.5 | 0.8 | 1.6 (u mid) | 30 (u) |" in table

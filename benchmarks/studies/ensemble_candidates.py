@@ -23,18 +23,22 @@ step 11, high band at step 1 within 2x::
     python -m benchmarks.studies.ensemble_candidates --data-dir data --dataset navier_stokes_2d \\
         --name ensemble_candidates_ns base=outputs/a/checkpoints/last.ckpt crps=outputs/b/...
 
-writes ``benchmarks/results/<--name>.json``.
+writes ``benchmarks/results/<--name>.json``; ``--write`` only renders that JSON's table onto
+``docs/studies.md`` between ``<!-- ensemble-candidates:start -->`` and ``<!-- ...:end -->``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from benchmarks.common import RESULTS_DIR
+from benchmarks.pages import STUDIES_PAGE, write_between
 from benchmarks.record import finish_record, run_record, save_result
 from walrus.data.batch import collate
 from walrus.data.well_dataset import WellDataset
@@ -167,10 +171,45 @@ def verdicts(result: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _cell(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3g}"
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """One row per candidate and window: the criteria's measures (means over inference seeds;
+    member power: the band and field furthest from 1 in the window)."""
+    lines = [
+        "| candidate | steps | spread/skill | rank max/flat | CRPS / det. MAE | "
+        "mean / det. VRMSE | member power low-mid (worst) | high k at step 1 (worst field) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, res in result["candidates"].items():
+        v = res["verdicts"]
+        high = {f: x for f, x in v["member_power_high_step1"].items() if x}
+        worst_high = max(high, key=lambda f: max(high[f], 1 / high[f])) if high else None
+        for i, w in enumerate(v["spread_skill"]):
+            band = [(x, f"{f} {b}") for f, bs in v["member_power_low_mid"].items()
+                    for b, ws in bs.items() if (x := ws.get(w))]  # fmt: skip
+            worst = max(band, key=lambda t: max(t[0], 1 / t[0])) if band else None
+            cells = [
+                name if i == 0 else "",
+                w,
+                _cell(v["spread_skill"][w]),
+                _cell(v["rank_max_over_flat"][w]),
+                _cell(v["crps_over_deterministic_mae"].get(w)),
+                _cell(v["ensemble_mean_over_deterministic_vrmse"].get(w)),
+                f"{worst[0]:.3g} ({worst[1]})" if worst else "n/a",
+                f"{high[worst_high]:.3g} ({worst_high})" if i == 0 and worst_high else "",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("candidates", nargs="+", help="NAME=CHECKPOINT pairs")
-    p.add_argument("--data-dir", required=True)
+    p.add_argument("candidates", nargs="*", help="NAME=CHECKPOINT pairs")
+    p.add_argument("--data-dir")
+    p.add_argument("--write", action="store_true", help="only render the JSON onto the docs")
     p.add_argument("--dataset", default="navier_stokes_2d")
     p.add_argument("--members", type=int, default=8)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -181,6 +220,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                    help="jitter draws averaged per member and step (a noisy model's draws share "
                    "the member's noise; default 1)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.write:
+        saved = json.loads((RESULTS_DIR / f"{args.name}.json").read_text())
+        print(f"wrote {write_between(STUDIES_PAGE, 'ensemble-candidates', markdown(saved))}")
+        return saved
+    if not args.candidates or not args.data_dir:
+        p.error("give --data-dir and NAME=CHECKPOINT candidates (or --write)")
     record = run_record(sys.argv if argv is None else ["ensemble_candidates", *argv])
     out: dict[str, Any] = {"dataset": args.dataset, "split": "valid", "candidates": {}}
     for item in args.candidates:
