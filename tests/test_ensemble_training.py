@@ -272,5 +272,13 @@ def test_the_ensemble_study_reads_the_criteria_off_the_scores():
     assert v["pass"]["spread_skill_0.7_1.3"] and v["pass"]["mean_no_worse"]
     assert not v["pass"]["member_power_0.7_1.4"]  # mid band 1.6 over steps 11-30
     assert not v["pass"]["high_step1_2x"]
+    # against a reference model twice as accurate, the ensemble mean is worse
+    ref = {"per_seed": {"0": _scores(0.8, 0.1, 0.05)}}
+    ref["per_seed"]["0"]["vrmse_deterministic"] = _scores(0.8, 0.1, 0.05)["vrmse_persistence"]
+    ref["per_seed"]["0"]["vrmse_deterministic"]["mean"] = {"1": 0.1, "2-10": 0.1, "11-30": 0.1}
+    against = verdicts(result, ref)
+    assert against["crps_over_deterministic_mae"]["2-10"] == pytest.approx(2.0)
+    assert against["ensemble_mean_over_deterministic_vrmse"]["2-10"] == pytest.approx(2.0)
+    assert not against["pass"]["mean_no_worse"] and not against["pass"]["crps_0.8_mae"]
     table = markdown({"candidates": {"crps": {"verdicts": v}}})
     assert "| crps | 1 | 0.9 | 1.5 | 0.5 | 0.8 | 1.6 (u mid) | 30 (u) |" in table

@@ -122,23 +122,31 @@ def score_checkpoint(
     }
 
 
-def verdicts(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The acceptance criteria read off one checkpoint's scores, mean over inference seeds."""
-    seeds = list(result["per_seed"].values())
+def verdicts(
+    result: Mapping[str, Any], reference: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The acceptance criteria read off one checkpoint's scores, mean over inference seeds.
 
-    def mean(get) -> dict[str, float | None]:
+    ``reference``: the scores of a deterministic model trained with the same recipe and
+    budget; its deterministic rollout is then the bar for the ensemble mean's VRMSE and the
+    CRPS (else the checkpoint's own deterministic rollout is).
+    """
+    seeds = list(result["per_seed"].values())
+    bar = list((reference or result)["per_seed"].values())
+
+    def mean(get, runs: list = seeds) -> dict[str, float | None]:
         out = {}
         for w in seeds[0]["spread_skill"]["mean"]:
-            vals = [get(s).get(w) for s in seeds]
+            vals = [get(s).get(w) for s in runs]
             out[w] = None if any(v is None for v in vals) else sum(vals) / len(vals)
         return out
 
     ss = mean(lambda s: s["spread_skill"]["mean"])
     rank = mean(lambda s: s["rank_max_over_flat"]["mean"])
     crps = mean(lambda s: s["crps"]["mean"])
-    mae = mean(lambda s: s["mae_deterministic"]["mean"])
     v_ens = mean(lambda s: s["vrmse_ensemble_mean"]["mean"])
-    v_det = mean(lambda s: s["vrmse_deterministic"]["mean"])
+    mae = mean(lambda s: s["mae_deterministic"]["mean"], bar)
+    v_det = mean(lambda s: s["vrmse_deterministic"]["mean"], bar)
     later = [w for w in ss if w != "1"]
     after10 = [w for w in ss if w not in ("1", "2-10")]
     fields = list(seeds[0]["member"]["power_ratio_low"]["fields"])
@@ -210,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("candidates", nargs="*", help="NAME=CHECKPOINT pairs")
     p.add_argument("--data-dir")
     p.add_argument("--write", action="store_true", help="only render the JSON onto the docs")
+    p.add_argument("--reference", default=None,
+                   help="candidate whose deterministic rollout is the bar for the others' "
+                   "ensemble-mean VRMSE and CRPS (default: each candidate's own)")  # fmt: skip
     p.add_argument("--dataset", default="navier_stokes_2d")
     p.add_argument("--members", type=int, default=8)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -222,6 +233,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     if args.write:
         saved = json.loads((RESULTS_DIR / f"{args.name}.json").read_text())
+        ref = saved["candidates"].get(args.reference) if args.reference else None
+        saved["reference"] = args.reference if ref is not None else None
+        for res in saved["candidates"].values():
+            res["verdicts"] = verdicts(res, ref)
+        save_result(args.name, saved)
         print(f"wrote {write_between(STUDIES_PAGE, 'ensemble-candidates', markdown(saved))}")
         return saved
     if not args.candidates or not args.data_dir:
@@ -233,8 +249,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         res = score_checkpoint(path, args.data_dir, args.dataset, members=args.members,
                                seeds=args.seeds, trajectories=args.trajectories, steps=args.steps,
                                member_average=args.member_jitter_average)  # fmt: skip
-        res["verdicts"] = verdicts(res)
         out["candidates"][name] = res
+    ref = out["candidates"].get(args.reference) if args.reference else None
+    out["reference"] = args.reference if ref is not None else None
+    for name, res in out["candidates"].items():
+        res["verdicts"] = verdicts(res, ref)
         v = res["verdicts"]
         print(name, "spread/skill", {w: round(x, 3) for w, x in v["spread_skill"].items()})
         print("   crps/mae", {w: round(x, 3) for w, x in v["crps_over_deterministic_mae"].items()})
