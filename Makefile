@@ -1,14 +1,16 @@
 # Two commands do all the setup: `make demo` and `make test`.
 # Targets: install, test, test-slow, lint, format, docs, demo, demo-quick, clean; baseline (the quality
-# benchmark's extras, neuraloperator and py-pde, into the same venv with torch pinned);
+# benchmark's extras, The Well's baselines' packages and py-pde, into the same venv, torch pinned);
 # pretrain (all nine built-in systems, about 30 minutes on 2 cores, model card beside the checkpoint;
 # PRETRAIN_SIZE=small: three small systems, about 5 minutes).
+# benchmark-quality: the whole quality protocol (docs/quality_protocol.md), hours (about two days
+# on one core); never part of `make test`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install baseline test test-slow lint format docs demo demo-quick demo-dir pretrain clean
+.PHONY: install baseline benchmark-quality test test-slow lint format docs demo demo-quick demo-dir pretrain clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,10 +25,13 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# The FNO baseline and py-pde for benchmarks/quality.py; the FNO test runs where this ran
-# (WALRUS_REQUIRE_BASELINE=1 makes a missing one a test failure, not a skip).
+# The Well's FNO and UNetConvNext baselines and py-pde for benchmarks/quality.py; their tests
+# run where this ran (WALRUS_REQUIRE_BASELINE=1 makes a missing one a test failure, not a skip).
+# timm (The Well's models take DropPath from it) --no-deps: its torchvision requirement would
+# bring a CUDA build that does not load against the CPU torch; DropPath needs only torch.
 baseline: install
 	$(PY) -m pip install -q -e '.[baseline]' torch==2.13.0
+	$(PY) -m pip install -q --no-deps timm==1.0.31
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -44,6 +49,14 @@ test: install
 # Every test, the heavier ones too (the full quickstart accuracy run, distributed, compile).
 test-slow: install
 	$(PY) -m pytest -q -m ''
+
+# The quality protocol (docs/quality_protocol.md), every cell one at a time as a new version in
+# benchmarks/results/quality_v<N>/: HOURS (about two days on one core). Needs a committed tree;
+# a stopped run resumes at the same commit. QUALITY_ARGS adds options (--dry-run, --data-root).
+# Render it afterwards with `python -m benchmarks.quality_table --write`.
+QUALITY_ARGS ?=
+benchmark-quality: baseline
+	$(PY) -m benchmarks.quality_protocol $(QUALITY_ARGS)
 
 # The documentation site, built strictly (a broken link or docstring fails) into site/.
 DOCS_STAMP := $(VENV)/.installed-docs

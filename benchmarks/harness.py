@@ -376,8 +376,12 @@ def evaluate(
 
     Returns:
         ``{"split", "fields", "grid", "windows_scored", "trajectories", "rollout_steps",
-        "windows", "models": {name: {"one_step", "rollout", "fidelity"}}}``; a model's VRMSE
-        is ``None`` from the step its rollout first went non-finite (``diverged_at_step``).
+        "windows", "spatial_mean", "models": {name: {"one_step", "rollout", "fidelity"}}}``; a
+        model's VRMSE is ``None`` from the step its rollout first went non-finite
+        (``diverged_at_step``). ``spatial_mean`` holds the windowed rollout VRMSE (``per_field``,
+        and ``mean`` over the fields that are not constant) of predicting each true frame's own
+        spatial mean: the reference a VRMSE of 1 stands for, ``sqrt((N - 1) / N)`` on N grid
+        points since VRMSE divides by the unbiased spatial variance.
     """
     if not forecasters:
         raise BenchmarkError("evaluate needs at least one forecaster besides persistence")
@@ -420,10 +424,11 @@ def evaluate(
     for s in forecasters:
         report = acc[s].to_dict()
         models[s] = _model_summary(one[s] / len(ds), report["model"], names, diverged[s])
-    # every accumulator scored persistence alike; take the last one's
+    # every accumulator scored persistence and the spatial mean alike; take the last one's
     models["persistence"] = _model_summary(
         one["persistence"] / len(ds), report["persistence"], names, None
     )
+    flat = report["spatial_mean"]["vrmse"]
     return {
         "split": split,
         "fields": names,
@@ -433,5 +438,9 @@ def evaluate(
         "trajectories": ds.n_trajectories,
         "rollout_steps": steps,
         "windows": list(metrics.window_means(torch.zeros(steps)).keys()),
+        "spatial_mean": {
+            "per_field": {n: windowed(flat["per_step"][n]) for n in names},
+            "mean": windowed(flat["mean_over_fields"]["per_step"]),
+        },
         "models": models,
     }

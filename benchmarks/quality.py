@@ -1,21 +1,26 @@
-"""Quality benchmark: our model against an FNO and persistence, at the same training budget.
+"""Quality benchmark: our model against The Well's FNO and UNetConvNext and persistence, at the
+same training budget and with the same number of tuning candidates.
 
 For every built-in system (2D Navier-Stokes, Gray-Scott, shallow water, 3D advection-diffusion)
 and every extra Well dataset given with ``--dataset``, at every budget and for every seed of
 ``--seeds``:
 
-1. train OUR model (``experiment=quickstart`` plus ``--ours-override`` options; with
-   ``--ours-candidates`` every candidate is trained, see below);
-2. train the FNO baseline (:mod:`benchmarks.fno`) at every width of ``--fno-widths`` (2D;
-   ``--fno-widths-3d`` in 3D) and every input-noise level of ``--fno-noise`` (default ``ours,0``:
-   our run's ``module.input_noise``, in its units, and none);
-3. choose on the VALIDATION split: the FNO width and noise, and our candidate, with the lower
-   validation rollout VRMSE (mean over fields and seeds of the per-step VRMSE over steps 1-30);
+1. train every candidate of OUR model (``experiment=quickstart`` plus ``--ours-override``
+   options plus the candidate's overrides);
+2. choose ours on the VALIDATION split: the candidate with the lower validation rollout VRMSE
+   (mean over fields and seeds of the per-step VRMSE over steps 1-30);
+3. train every candidate of each baseline of ``--baselines`` (The Well's FNO and UNetConvNext,
+   :mod:`benchmarks.baselines`) on the same data, windows, batch size and normaliser as the
+   chosen ours, and choose each on the VALIDATION split the same way;
 4. report the chosen ones on the TEST split: one-step VRMSE over every test window, and from
    the start of every test trajectory to its end the windowed rollout VRMSE and fidelity
    measures (amplitude ratio, change correlation, power ratio), for ours without and with
-   inference jitter (``ours``, ``ours+jitter``), the FNO and persistence; per window the mean,
-   sample standard deviation, min and max over seeds.
+   inference jitter (``ours``, ``ours+jitter``), each baseline and persistence; per window the
+   mean, sample standard deviation, min and max over seeds.
+
+Candidates come from ``--candidates`` (default ``benchmarks/quality_candidates.yaml``): every
+model gets the same number, at most 8, and the JSON's ``selection`` keeps every candidate's
+validation score per seed for every model.
 
 Budgets (:mod:`benchmarks.harness`): ``--steps N`` and/or ``--cpu-seconds S`` of process CPU
 time summed over threads. Timing: on a machine whose cores are busy with other work, OpenMP
@@ -25,7 +30,8 @@ Run from the repository root::
 
     python -m benchmarks.quality --cpu-seconds 150 --seeds 0,1,2 --dataset data/gray_scott_pypde
     python -m benchmarks.quality --systems gray_scott_2d --steps 20 --n-traj 4,1,1 \\
-        --resolution 32 --frames 70 --data-root /tmp/quality_data      # smoke run
+        --resolution 32 --frames 70 --data-root /tmp/quality_data \\
+        --candidates my_small_candidates.yaml                           # smoke run
 
 Built-in data is generated under ``--data-root`` when missing (default counts 24/8/8; existing
 data is reused as it is). Results: a printed table and ``benchmarks/results/<name>.json``
@@ -48,13 +54,13 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks import harness as h
+from benchmarks.baselines import BASELINE_MISSING, KINDS, baselines_available, train_baseline
+from benchmarks.candidates import CANDIDATES, Candidates, check_overrides, load_candidates
 from benchmarks.common import print_table
-from benchmarks.fno import FNO_MISSING, NOISE_UNITS, FNOOptions, fno_available, train_fno
 from benchmarks.record import finish_record, portable_path, run_record, save_result, spread
 
 FORMAT = "quality/2"
 DEFAULT_N_TRAJ = (24, 8, 8)
-FNO_WIDTHS = (64, 128)
 
 
 def choose(scores: Mapping[str, Sequence[float]]) -> str:
@@ -82,43 +88,33 @@ def run_system(
     ref: h.DatasetRef,
     budget: h.Budget,
     work_dir: str | os.PathLike,
+    candidates: Candidates,
     *,
     seeds: Sequence[int] = (0,),
-    ours_candidates: Mapping[str, Sequence[str]] | None = None,
     ours_overrides: Sequence[str] = (),
     ours_weights: str = "last",
     jitter_seed: int = 0,
     ensemble: int = 1,
-    fno: FNOOptions | None = None,
-    fno_widths: Sequence[int] = FNO_WIDTHS,
-    fno_noises: Sequence[float | None] = (None,),
     probe_steps: int = 10,
     eval_batch_size: int = 8,
     log: Any = print,
 ) -> dict[str, Any]:
-    """Train every model per seed on ``ref`` at ``budget``, choose on valid, score on test.
+    """Train every candidate of every model per seed on ``ref`` at ``budget``, choose each
+    model's on valid, score the chosen ones on test.
 
     Args:
-        ours_candidates: name -> Hydra overrides (after ``ours_overrides``); default one
-            candidate, ``quickstart``, without extra overrides.
-        fno: FNO recipe (``None``: no FNO); every width of ``fno_widths`` (the field it sets:
-            ``hidden`` in 2D, ``hidden_3d`` in 3D) is tried with every input-noise level of
-            ``fno_noises``, as candidates named ``fno<width>_noise<level>``.
-        fno_noises: noise levels; ``None`` is our run's ``module.input_noise`` (the FNO then
-            also takes our ``noise_units``; explicit levels use ``fno.noise_units``).
+        candidates: ours' (Hydra overrides after ``ours_overrides``) and each baseline's.
 
     Returns:
         One entry of the JSON's ``runs`` (see the module docstring).
     """
-    candidates = dict(ours_candidates or {"quickstart": []})
     load_before = os.getloadavg()
     out = Path(work_dir) / budget.label.replace(" ", "_") / ref.name
     trained: dict[str, list[h.Trained]] = {}
     cfgs: dict[str, Any] = {}  # candidate -> its composed config (the same for every seed)
-    valid: dict[str, list[float]] = {}
     vocab = None
     for seed in seeds:
-        for name, extra in candidates.items():
+        for name, extra in candidates.ours.items():
             log(f"[{budget.label}] {ref.name} seed {seed}: training ours ({name})")
             t, cfgs[name], vocab = h.train_ours(
                 ref,
@@ -136,71 +132,59 @@ def run_system(
         data = OmegaConf.to_container(cfg.data, resolve=True)
         return {"n_steps_input": int(data["n_steps_input"]), "time_stride": data["time_stride"]}
 
-    def score_valid(name: str, models: list[h.Trained], cfg: Any) -> None:
-        for t in models:
-            res = h.evaluate(
-                ref,
-                {name: t.forecaster},
-                split="valid",
-                vocab=vocab,
-                batch_size=eval_batch_size,
-                **data_kw(cfg),
-            )
-            valid.setdefault(name, []).append(h.selection_score(res["models"][name]))
+    def score_valid(runs: Mapping[str, list[h.Trained]], cfg_of: Any) -> dict[str, list[float]]:
+        """Every candidate's validation score per seed."""
+        scores: dict[str, list[float]] = {}
+        for name, models in runs.items():
+            for t in models:
+                res = h.evaluate(
+                    ref,
+                    {name: t.forecaster},
+                    split="valid",
+                    vocab=vocab,
+                    batch_size=eval_batch_size,
+                    **data_kw(cfg_of(name)),
+                )
+                scores.setdefault(name, []).append(h.selection_score(res["models"][name]))
+        return scores
 
-    if len(candidates) > 1:
-        for name, models in trained.items():
-            score_valid(name, models, cfgs[name])
-    chosen = (
-        choose({n: valid[n] for n in candidates}) if len(candidates) > 1 else next(iter(candidates))
-    )
+    valid = score_valid(trained, cfgs.__getitem__)
+    chosen = choose(valid)
     selection: dict[str, Any] = {
         "ours": {
-            "candidates": {n: list(o) for n, o in candidates.items()},
-            "valid_scores": {n: valid.get(n) for n in candidates},
+            "candidates": {n: list(o) for n, o in candidates.ours.items()},
+            "valid_scores": valid,
             "chosen": chosen,
         }
     }
-
     cfg = cfgs[chosen]
-    fno_models: list[h.Trained] = []
-    if fno is not None:
-        module_cfg = cfg.get("module", {})
-        ours_noise = float(module_cfg.get("input_noise", 0.0))
-        ours_units = str(module_cfg.get("noise_units", "delta_rms"))
-        levels: dict[float, str] = {}  # noise level -> its units, each level once
-        for level in fno_noises:
-            if level is None:
-                levels.setdefault(ours_noise, ours_units)
-            else:
-                levels.setdefault(float(level), fno.noise_units)
-        width_key = "hidden_3d" if _is_3d(ref) else "hidden"
-        fno_runs: dict[str, list[h.Trained]] = {}
-        for width in fno_widths:
-            for level, units in levels.items():
-                opts = dataclasses.replace(
-                    fno, **{width_key: width}, noise=level, noise_units=units
+    chosen_runs = {"ours": trained[chosen]}
+    for kind, options in candidates.baselines.items():
+        runs: dict[str, list[h.Trained]] = {}
+        for name, opts in options.items():
+            for seed in seeds:
+                log(f"[{budget.label}] {ref.name} seed {seed}: training {kind} ({name})")
+                t = train_baseline(
+                    ref,
+                    budget,
+                    batch_size=int(cfg.data.batch_size),
+                    normalizer=trained[chosen][0].forecaster.normalizer,
+                    options=opts,
+                    probe_steps=probe_steps,
+                    seed=seed,
+                    **data_kw(cfg),
                 )
-                name = f"fno{width}_noise{level:g}"
-                for seed in seeds:
-                    log(f"[{budget.label}] {ref.name} seed {seed}: training the FNO ({name})")
-                    t = train_fno(
-                        ref,
-                        budget,
-                        batch_size=int(cfg.data.batch_size),
-                        normalizer=trained[chosen][0].forecaster.normalizer,
-                        options=opts,
-                        probe_steps=probe_steps,
-                        seed=seed,
-                        **data_kw(cfg),
-                    )
-                    fno_runs.setdefault(name, []).append(t)
-                    log(f"  {t.info['steps']} steps, {t.info['cpu_s']:.1f} cpu-s")
-        for name, models in fno_runs.items():
-            score_valid(name, models, cfg)
-        best = choose({n: valid[n] for n in fno_runs})
-        selection["fno"] = {"valid_scores": {n: valid[n] for n in fno_runs}, "chosen": best}
-        fno_models = fno_runs[best]
+                t.info["candidate"] = name
+                runs.setdefault(name, []).append(t)
+                log(f"  {t.info['steps']} steps, {t.info['cpu_s']:.1f} cpu-s")
+        scores = score_valid(runs, lambda _: cfg)
+        best = choose(scores)
+        selection[kind] = {
+            "candidates": {n: dataclasses.asdict(o) for n, o in options.items()},
+            "valid_scores": scores,
+            "chosen": best,
+        }
+        chosen_runs[kind] = runs[best]
 
     log(f"[{budget.label}] {ref.name}: evaluating on test")
     t0 = time.perf_counter()
@@ -215,8 +199,11 @@ def run_system(
             ),
         }
         infos = {"ours": ours.info, "ours+jitter": ours.info}
-        if fno_models:
-            forecasters["fno"], infos["fno"] = fno_models[i].forecaster, fno_models[i].info
+        for kind in candidates.baselines:
+            forecasters[kind], infos[kind] = (
+                chosen_runs[kind][i].forecaster,
+                chosen_runs[kind][i].info,
+            )
         result = h.evaluate(
             ref, forecasters, split="test", vocab=vocab, batch_size=eval_batch_size, **data_kw(cfg)
         )
@@ -240,16 +227,6 @@ def run_system(
     }
 
 
-def _is_3d(ref: h.DatasetRef) -> bool:
-    from walrus.data.well_dataset import WellDataset
-
-    ds = WellDataset(ref.root, ref.name, "train", 1, 1)
-    try:
-        return ds.n_spatial == 3
-    finally:
-        ds.close()
-
-
 def _cell(stats: Mapping[str, Any]) -> str:
     if stats["mean"] is None:
         return "-"
@@ -264,7 +241,7 @@ def _means(run: Mapping[str, Any], model: str) -> list[float | None]:
 
 def table_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Printed rows (budget x system x model): one-step and windowed rollout VRMSE, mean±std
-    over seeds, and the ratios of means ``ours/fno`` and ``ours/persistence``."""
+    over seeds, and the ratios of means ``ours/<baseline>`` and ``ours/persistence``."""
     rows: list[dict[str, Any]] = []
     for run in runs:
         models = run["models"]
@@ -275,7 +252,7 @@ def table_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             st = res["stats"]
             cells = [_cell(st["one_step"]), *(_cell(st["rollout"][w]) for w in run["windows"])]
             rows.append({**head, "model": m, **dict(zip(keys, cells))})
-        for other in ("fno", "persistence"):
+        for other in (*KINDS, "persistence"):
             if other in models:
                 ratio = [
                     f"{a / b:.3g}" if a is not None and b else "-"
@@ -292,24 +269,6 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
         ) from None
-
-
-def _noise_levels(text: str) -> list[float | None]:
-    """``"ours,0,0.05"`` -> ``[None, 0.0, 0.05]`` (``None``: our run's level)."""
-    out: list[float | None] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        try:
-            level = None if part == "ours" else float(part)
-        except ValueError:
-            level = -1.0
-        if level is not None and not level >= 0:
-            raise argparse.ArgumentTypeError(
-                f"noise levels are 'ours' or numbers >= 0, got {part!r}"
-            )
-        out.append(level)
-    if not out:
-        raise argparse.ArgumentTypeError("give at least one noise level")
-    return out
 
 
 def _n_traj(text: str) -> int | tuple[int, ...]:
@@ -331,23 +290,6 @@ def parse_candidates(text: str) -> dict[str, list[str]]:
         except h.BenchmarkError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return out
-
-
-def check_overrides(name: str, overrides: Any) -> list[str]:
-    """``overrides`` as a list of plain Hydra ``key=value`` strings, or a one-line error.
-
-    Candidates may come from a file, so no interpolation (``${...}``) and no ``_target_`` key.
-    """
-    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise h.BenchmarkError(f"candidate {name!r}: overrides must be a list of strings")
-    for o in overrides:
-        key, sep, _ = o.partition("=")
-        if not sep or not key.strip("+~") or "${" in o or "_target_" in key:
-            raise h.BenchmarkError(
-                f"candidate {name!r}: {o!r} is not a plain key=value override "
-                "(no ${...} interpolation, no _target_)"
-            )
-    return overrides
 
 
 def add_run_args(p: argparse.ArgumentParser, name: str) -> None:
@@ -403,34 +345,25 @@ def dataset_refs(args: argparse.Namespace) -> list[h.DatasetRef]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.quality",
-        description="Ours vs an FNO vs persistence: chosen on valid, scored on test, over seeds.",
+        description=(
+            "Ours vs The Well's FNO and UNetConvNext vs persistence: every model's candidates "
+            "chosen on valid, scored on test, over seeds."
+        ),
     )
     add_run_args(p, "quality")
     p.add_argument(
-        "--ours-candidates",
-        type=parse_candidates,
-        help="NAME=overrides;NAME2=overrides: trained each, chosen on valid",
+        "--candidates",
+        default=CANDIDATES,
+        help="every model's candidates, chosen on valid (default benchmarks/quality_candidates.yaml)",
+    )
+    p.add_argument(
+        "--baselines",
+        default=",".join(KINDS),
+        help=f"baselines to train, comma-separated from {','.join(KINDS)}, or 'none'",
     )
     p.add_argument("--ours-weights", choices=("last", "best"), default="last")
     p.add_argument("--ours-jitter-seed", type=int, default=0, help="seed of ours+jitter")
     p.add_argument("--ours-ensemble", type=int, default=1, help="ours+jitter: rollouts averaged")
-    p.add_argument("--no-fno", action="store_true", help="skip the FNO baseline")
-    p.add_argument("--fno-widths", type=_ints, default=list(FNO_WIDTHS), help="2D widths tried")
-    p.add_argument("--fno-widths-3d", type=_ints, default=[FNOOptions.hidden_3d])
-    p.add_argument("--fno-modes", type=int, default=FNOOptions.modes, help="per axis, 2D")
-    p.add_argument("--fno-modes-3d", type=int, default=FNOOptions.modes_3d, help="per axis, 3D")
-    p.add_argument("--fno-layers", type=int, default=FNOOptions.layers)
-    p.add_argument("--fno-lr", type=float, default=FNOOptions.lr)
-    p.add_argument("--fno-weight-decay", type=float, default=FNOOptions.weight_decay)
-    p.add_argument("--fno-loss", choices=("mse", "mae"), default=FNOOptions.loss)
-    p.add_argument(
-        "--fno-noise",
-        type=_noise_levels,
-        default=[None, 0.0],
-        help="FNO input-noise levels tried, comma-separated; 'ours' is our run's (default ours,0)",
-    )
-    units = "units of numeric --fno-noise levels ('ours' takes our units)"
-    p.add_argument("--fno-noise-units", choices=NOISE_UNITS, default="input_rms", help=units)
     return p
 
 
@@ -450,20 +383,16 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         raise h.BenchmarkError(f"--seeds must list distinct seeds, got {args.seeds}")
     if args.ours_ensemble < 1:
         raise h.BenchmarkError(f"--ours-ensemble must be >= 1, got {args.ours_ensemble}")
-    if not args.no_fno and not fno_available():
-        raise h.BenchmarkError(FNO_MISSING)
-    refs = dataset_refs(args)
-    fno = None
-    if not args.no_fno:
-        fno = FNOOptions(
-            modes=args.fno_modes,
-            modes_3d=args.fno_modes_3d,
-            layers=args.fno_layers,
-            lr=args.fno_lr,
-            weight_decay=args.fno_weight_decay,
-            loss=args.fno_loss,
-            noise_units=args.fno_noise_units,
+    kinds = [] if args.baselines == "none" else [k for k in args.baselines.split(",") if k]
+    bad = sorted(set(kinds) - set(KINDS))
+    if bad or len(set(kinds)) != len(kinds):
+        raise h.BenchmarkError(
+            f"--baselines takes distinct names from {KINDS} or 'none', got {args.baselines!r}"
         )
+    if kinds and not baselines_available():
+        raise h.BenchmarkError(BASELINE_MISSING)
+    candidates = load_candidates(args.candidates, kinds)
+    refs = dataset_refs(args)
     if args.work_dir is None:
         stamp = record["started"].replace(":", "-")
         args.work_dir = str(Path("outputs") / "quality" / stamp)
@@ -474,15 +403,12 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                 ref,
                 budget,
                 args.work_dir,
+                candidates,
                 seeds=args.seeds,
-                ours_candidates=args.ours_candidates,
                 ours_overrides=args.ours_override,
                 ours_weights=args.ours_weights,
                 jitter_seed=args.ours_jitter_seed,
                 ensemble=args.ours_ensemble,
-                fno=fno,
-                fno_widths=args.fno_widths_3d if _is_3d(ref) else args.fno_widths,
-                fno_noises=args.fno_noise,
                 probe_steps=args.probe_steps,
                 eval_batch_size=args.eval_batch_size,
             )

@@ -1,7 +1,8 @@
 """Run records and portable result JSON, shared by the benchmark scripts.
 
-:func:`run_record` reads the commit, the dirty flag (``git status --porcelain``), the start time,
-argv, versions, threads, nproc and the load average when a run starts; :func:`finish_record`
+:func:`run_record` reads the commit, the dirty flag (``git status --porcelain``, result files under
+``benchmarks/results/`` left out), the start time, the CPU model and vector capability, argv,
+versions, threads, nproc and the load average when a run starts; :func:`finish_record`
 adds only what belongs to the end (load average, wall and CPU seconds). :func:`save_result`
 writes JSON atomically with every absolute path made portable (:func:`portable_path`: relative
 to the repository inside it, the last name outside it), so no machine's layout is stored.
@@ -22,9 +23,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import save_json
+from benchmarks.common import cpu_model, save_json
 
 REPO = Path(__file__).resolve().parents[1]
+# Written by the runs themselves: a results file written so far does not make the tree dirty.
+RESULTS_PATHSPEC = ":(exclude)benchmarks/results"
 PACKAGES = ("torch", "lightning", "hydra-core", "numpy", "h5py", "neuraloperator", "py-pde")
 
 
@@ -57,15 +60,19 @@ def run_record(argv: Sequence[str]) -> dict[str, Any]:
     """The facts of a run, read when it starts: call this first, before any training.
 
     Returns:
-        ``{"commit", "dirty", "started", "argv", "versions", "torch_threads", "nproc",
-        "loadavg_before"}``; ``dirty`` is whether ``git status --porcelain`` listed anything
-        (``None`` outside a git checkout). :func:`finish_record` completes it.
+        ``{"commit", "dirty", "started", "cpu_model", "cpu_capability", "argv", "versions",
+        "torch_threads", "nproc", "loadavg_before"}``; ``dirty`` is whether ``git status
+        --porcelain`` listed anything outside ``benchmarks/results/`` (``None`` outside a git
+        checkout). :func:`finish_record` completes it.
     """
-    commit, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain")
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--", ".", RESULTS_PATHSPEC)
     return {
         "commit": commit.strip() if commit is not None else None,
         "dirty": bool(status.strip()) if status is not None else None,
         "started": _now().isoformat(timespec="seconds"),
+        "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "argv": list(argv),
         "versions": versions(),
         "torch_threads": torch.get_num_threads(),

@@ -7,6 +7,12 @@ kernel registered, and the analytic processor count of
 excluded) and in total, ATen calls returning tensors, and host syncs. See
 :mod:`benchmarks.accounting` for the definitions. Fused and plain blocks are both counted.
 
+Each run in the JSON lists its ten largest writers (``top_writers``: bytes written per op,
+fresh and in place). ``call_breakdown`` splits calls and bytes written per op into one
+processor block and the rest, at B=4 (or the largest batch). Before overwriting the results
+file, the script prints the fused model's largest writers there next to the new ones and keeps
+that listing as ``previous`` (the figures this run replaced).
+
 Run from the repository root::
 
     python -m benchmarks.scale                 # walrus_1b, 2D 128x128, T=6, B=1,2,4,8
@@ -24,6 +30,7 @@ It writes ``benchmarks/results/scale_train_step.json``.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -32,8 +39,8 @@ import torch
 import yaml
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from benchmarks.accounting import Report, account
-from benchmarks.common import print_table, save_json
+from benchmarks.accounting import OpStat, Report, account
+from benchmarks.common import RESULTS_DIR, print_table, save_json
 from walrus.bcs import BoundaryType
 from walrus.data.batch import Batch
 from walrus.model.flops import processor_flops
@@ -44,6 +51,7 @@ from walrus.training.module import WalrusModule
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 REFERENCE = {"tflop_per_sample": 13.32, "gb": 208.1, "calls": 4312, "syncs": 5}
 TARGETS = {"gb": 73.0, "calls": 1400, "syncs": 0, "flops_rel": 0.03}
+TOP = 10  # largest writers listed per run
 
 
 def load_preset(name: str) -> dict[str, Any]:
@@ -89,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return _main_train_step(cfg, batches, args)
 
     rows, runs, top = [], [], {}
+    table_b = 4 if 4 in batches else batches[-1]
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_model(cfg, mode)
     for fused in (True, False):
@@ -113,23 +122,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "syncs": len(r.syncs),
             }
             rows.append(row)
-            runs.append({**row, "syncs": r.syncs, "ops": r.to_dict()["ops"]})
-            if b == (4 if 4 in batches else batches[-1]):  # the table at B=4
-                top[f"fused={fused}"] = r.top(12)
+            writers = r.top(TOP)
+            runs.append(
+                {**row, "syncs": r.syncs, "top_writers": writers, "ops": r.to_dict()["ops"]}
+            )
+            if b == table_b:
+                top[f"fused={fused}"] = writers
     breakdown = {}
     for fused in (True, False):
-        breakdown[f"fused={fused}"] = call_breakdown(cfg, fused, batches[0], args)
+        breakdown[f"fused={fused}"] = call_breakdown(cfg, fused, table_b, args)
     print(f"{args.preset}: {tuple(args.grid)} grid, T={args.frames}, bf16 autocast, forward")
     print("FLOPs: 'stock' = FlopCounterMode with the CPU SDPA kernel registered (the reference's")
     print("method, in-place GEMMs count zero); 'complete' adds the in-place GEMMs (addmm_).")
     print_table(rows)
     for name, t in top.items():
-        print(f"\nlargest writers (GB written), {name}, B={4 if 4 in batches else batches[-1]}:")
+        print(f"\nlargest writers (GB written), {name}, B={table_b}:")
         print_table(t)
     for name, bd in breakdown.items():
         print(f"\nATen calls per op, {name}: {bd['per_block_total']} per block x {cfg['depth']}")
-        print(f"+ {bd['outside_total']} outside the blocks (embedding, encoder, decoder, jitter)")
+        print(f"+ {bd['outside_total']} outside the blocks (embedding, encoder, decoder, jitter);")
+        print(f"GB written at B={bd['B']}: {bd['per_block_GB']:.3g} per block, that is")
+        print(f"{bd['per_block_token_matrices']:.3g} bf16 token matrices (B*T*S, C);", end=" ")
+        print(f"{bd['outside_GB']:.3g} outside the blocks")
         print_table(bd["table"])
+    results_dir = Path(args.results_dir) if args.results_dir else RESULTS_DIR
+    previous = previous_writers(results_dir / "scale.json", args, table_b)
+    if previous is not None:
+        now = next(r for r in runs if r["fused"] and r["B"] == table_b)
+        print(f"\nlargest writers, fused=True, B={table_b}: the results file this run replaces")
+        print(f"({previous['time']}: {previous['written_GB']:.3g} GB written) and now")
+        print(f"({now['written_GB']:.3g} GB written):")
+        print_table(compare_writers(previous["top_writers"], now["ops"]))
     path = save_json(
         "scale",
         {
@@ -141,6 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "targets_at_B4": TARGETS,
             "runs": runs,
             "call_breakdown": breakdown,
+            "previous": previous,
         },
         args.results_dir,
     )
@@ -250,34 +274,105 @@ def train_step_row(cfg: dict[str, Any], b: int, args: argparse.Namespace) -> dic
 def call_breakdown(
     cfg: dict[str, Any], fused: bool, b: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """ATen calls per op, per processor block and outside the blocks.
+    """ATen calls and bytes written per op, per processor block and outside the blocks.
 
-    Counts a 1-block and a 2-block copy of the preset (calls do not depend on the depth
-    otherwise): the difference is one block, the rest is the embedding, encoder, decoder and
-    jitter.
+    Counts a 1-block and a 2-block copy of the preset at batch ``b`` (calls and bytes do not
+    depend on the depth otherwise): the difference is one block, the rest is the embedding,
+    encoder, decoder and jitter. ``per_block_token_matrices`` is the bytes written per block
+    in units of one bf16 token matrix ``(B*T*S, C)``.
     """
-    hists = []
+    hists, models = [], []
     for depth in (1, 2):
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         model = fake_model({**cfg, "depth": depth}, mode)
         model.set_fused(fused)
         with mode:
             r = _count(model, b, args)
-        hists.append({k: v.calls for k, v in r.ops.items()})
+        hists.append({k: (v.calls, v.bytes + v.inplace_bytes) for k, v in r.ops.items()})
+        models.append(model)
     one, two = hists
     ops = sorted(set(one) | set(two))
-    block = {k: two.get(k, 0) - one.get(k, 0) for k in ops}
-    outside = {k: one.get(k, 0) - block[k] for k in ops}
+    zero = (0, 0)
+    block = {k: [y - x for x, y in zip(one.get(k, zero), two.get(k, zero))] for k in ops}
+    outside = {k: [x - y for x, y in zip(one.get(k, zero), block[k])] for k in ops}
     table = [
-        {"op": k, "per_block": block[k], "outside": outside[k]}
-        for k in sorted(ops, key=lambda k: (-block[k], -outside[k], k))
-        if block[k] or outside[k]
+        {
+            "op": k,
+            "per_block": block[k][0],
+            "outside": outside[k][0],
+            "per_block_GB": block[k][1] / 1e9,
+            "outside_GB": outside[k][1] / 1e9,
+        }
+        for k in sorted(ops, key=lambda k: (-block[k][0], -outside[k][0], -block[k][1], k))
+        if any(block[k]) or any(outside[k])
     ]
+    per_block_bytes = sum(v[1] for v in block.values())
+    tokens = b * args.frames * _latent_tokens(models[0], args.grid)
     return {
-        "per_block_total": sum(block.values()),
-        "outside_total": sum(outside.values()),
+        "B": b,
+        "per_block_total": sum(v[0] for v in block.values()),
+        "outside_total": sum(v[0] for v in outside.values()),
+        "per_block_GB": per_block_bytes / 1e9,
+        "outside_GB": sum(v[1] for v in outside.values()) / 1e9,
+        "per_block_token_matrices": per_block_bytes / (tokens * models[0].dim * 2),
         "table": table,
     }
+
+
+def previous_writers(path: Path, args: argparse.Namespace, b: int) -> dict[str, Any] | None:
+    """The fused model's largest writers at batch ``b`` in an earlier ``scale.json``.
+
+    ``None`` when there is no such file, it is not valid JSON, or it counted another preset,
+    grid or frame count, or not batch ``b``. Files written before ``top_writers`` existed
+    are ranked from their per-op totals.
+    """
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    same = (old.get("preset"), old.get("grid"), old.get("frames"))
+    if same != (args.preset, list(args.grid), args.frames):
+        return None
+    run = next((r for r in old.get("runs", []) if r.get("fused") and r.get("B") == b), None)
+    if run is None or "ops" not in run:
+        return None
+    writers = run.get("top_writers") or _rank(run["ops"])
+    return {
+        "time": old.get("environment", {}).get("time"),
+        "B": b,
+        "written_GB": run.get("written_GB"),
+        "calls": run.get("calls"),
+        "top_writers": writers,
+    }
+
+
+def _rank(ops: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """``top_writers`` rows (:meth:`Report.top`) from the per-op totals of a JSON run."""
+    return Report(ops={k: OpStat(**v) for k, v in ops.items()}).top(TOP)
+
+
+def compare_writers(
+    before: list[dict[str, Any]], now_ops: dict[str, dict[str, int]]
+) -> list[dict[str, Any]]:
+    """Rows ``op, before_GB, now_GB, change_GB`` over the earlier largest writers ``before``
+    and the new run's (``now_ops``: its per-op totals), largest now first."""
+
+    def now(op: str) -> float:
+        v = now_ops.get(op)
+        return 0.0 if v is None else (v["bytes"] + v["inplace_bytes"]) / 1e9
+
+    old = {w["op"]: w["written_GB"] for w in before}
+    ops = dict.fromkeys([w["op"] for w in _rank(now_ops)] + list(old))
+    rows = [
+        {
+            "op": k,
+            "before_GB": old.get(k),
+            "now_GB": now(k),
+            "change_GB": now(k) - old[k] if k in old else None,
+        }
+        for k in ops
+    ]
+    return sorted(rows, key=lambda r: -r["now_GB"])
 
 
 def _latent_tokens(model: Walrus, grid: list[int]) -> int:

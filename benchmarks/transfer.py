@@ -26,8 +26,25 @@ between ``<!-- transfer-table:start -->`` and ``<!-- transfer-table:end -->`` (f
         --dataset data/gray_scott_pypde --page docs/results.md
     python -m benchmarks.transfer --render-only
 
+``--sample-efficiency`` measures the whole data curve instead (held out by default: every 2D
+system, ``burgers_1d`` and ``advection_diffusion_3d``; ``--near PATH`` adds a set reported as
+near the pool). Per held-out set and seed, after the same pretraining, for every N of
+``--trajectories`` (``data.train_trajectories=N``; validation and test fixed): fine-tune and
+train from scratch at every rate of ``--lrs`` (``--widen-grid``: widen it while either choice
+sits at an edge), each run validated every ``--val-every`` steps up to the step cap (the one
+value of ``--finetune-steps``) and kept at its best-validation checkpoint; each side takes the
+rate with the best validation score; a compute-matched scratch run at ``--reference-n`` gets the
+pretraining's CPU seconds plus the fine-tuning's. :mod:`benchmarks.transfer_sample_efficiency`
+runs it; :mod:`benchmarks.sample_efficiency` summarises (data-efficiency factor) and renders
+``benchmarks/results/sample_efficiency.json``::
+
+    python -m benchmarks.transfer --sample-efficiency --pretrain-time 1800 --seeds 0,1,2 \\
+        --widen-grid --near data/gray_scott_pypde --page docs/results.md
+    python -m benchmarks.transfer --sample-efficiency --render-only   # page and README
+
 Training CPU time is measured (and capped, for the long-scratch row) by the quality benchmark's
-:class:`benchmarks.budgets.CPUBudget`.
+:class:`benchmarks.budgets.CPUBudget`; the training and scoring runs of both modes are in
+:mod:`benchmarks.transfer_runs`.
 """
 
 from __future__ import annotations
@@ -37,159 +54,43 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.budgets import BenchmarkError, CPUBudget, step_ceiling
-from benchmarks.common import RESULTS_DIR, save_json
+from benchmarks import sample_efficiency as se
+from benchmarks import transfer_sample_efficiency as tse
+from benchmarks.budgets import BenchmarkError, step_ceiling
+from benchmarks.common import RESULTS_DIR, cpu_model, save_json
 from benchmarks.pages import RESULTS_PAGE
-from benchmarks.transfer_table import MEASURES, render_page, render_table, summarize
-from walrus.data.synthetic import SYSTEMS, generate
-from walrus.data.well_dataset import WellDataset
-from walrus.pretrained import infer
+from benchmarks.transfer_runs import (
+    DataSet,
+    builtin_set,
+    count_trajectories,
+    evaluate,
+    external_set,
+    fit,
+    held_overrides,
+    pretrain,
+    rel,
+    score_zero_shot,
+)
+from benchmarks.transfer_table import render_page, render_table, summarize
+from walrus.data.synthetic import SYSTEMS
 from walrus.training.budget import parse_duration
 from walrus.training.model_card import git_state
 
-REPO = Path(__file__).resolve().parents[1]
 ZERO_SHOT = "pretrained, no fine-tuning"
-
-
-@dataclass(frozen=True)
-class DataSet:
-    """A Well dataset ``root/name``."""
-
-    root: Path
-    name: str
-
-    @property
-    def path(self) -> Path:
-        return self.root / self.name
-
-
-def _rel(path: str | os.PathLike) -> str:
-    """``path`` relative to the current folder (no machine's layout in the JSON)."""
-    return os.path.relpath(Path(path).resolve())
-
-
-def count_test_trajectories(ref: DataSet) -> int:
-    """Trajectories in the test split of ``ref``."""
-    ds = WellDataset(ref.root, ref.name, "test", 1, 1)
-    n = ds.n_trajectories
-    ds.close()
-    return n
-
-
-def builtin_set(
-    system: str, root: str | os.PathLike, n_traj: Sequence[int], seed: int = 0
-) -> DataSet:
-    """Built-in ``system`` under ``root``, generated there (``n_traj`` per split) when missing."""
-    if system not in SYSTEMS:
-        raise BenchmarkError(f"unknown system {system!r}; built-in systems: {', '.join(SYSTEMS)}")
-    ref = DataSet(Path(root).resolve(), system)
-    if not (ref.path / "data").is_dir():
-        generate(system, ref.root, n_traj=tuple(n_traj), seed=seed, progress=False)
-    return ref
-
-
-def external_set(path: str | os.PathLike) -> DataSet:
-    """A Well dataset folder (``data/{train,valid,test}``) given with ``--dataset``."""
-    path = Path(path).resolve()
-    missing = [s for s in ("train", "valid", "test") if not (path / "data" / s).is_dir()]
-    if missing:
-        raise BenchmarkError(f"--dataset {path}: not a Well dataset folder (no data/{missing[0]})")
-    return DataSet(path.parent, path.name)
-
-
-def fit(overrides: Sequence[str], out: Path, cpu_seconds: float | None = None) -> dict[str, Any]:
-    """``train.py`` with ``overrides`` into ``out`` (in this process); steps, CPU and wall
-    seconds, final validation metrics and the checkpoint."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from walrus.training.train import train
-
-    extra = [
-        f"paths.output_dir={out.resolve()}",
-        "callbacks.progress_bar=null",
-        f"+callbacks.cpu_time._target_={CPUBudget.__module__}.{CPUBudget.__qualname__}",
-        f"+callbacks.cpu_time.seconds={'null' if cpu_seconds is None else cpu_seconds}",
-    ]
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[*overrides, *extra])
-    except (HydraException, OmegaConfBaseException) as e:
-        raise BenchmarkError(f"overrides {list(overrides)}: {str(e).splitlines()[0]}") from None
-    finally:
-        GlobalHydra.instance().clear()
-    t0 = time.perf_counter()
-    metrics, objects = train(cfg)
-    cpu = next(c for c in objects["trainer"].callbacks if isinstance(c, CPUBudget))
-    return {
-        "checkpoint": out / "checkpoints" / "last.ckpt",
-        "steps": objects["trainer"].global_step,
-        "cpu_s": cpu.used,
-        "wall_s": time.perf_counter() - t0,
-        "val": {k: v for k, v in metrics.items() if k in ("val/vrmse", "val/rollout_vrmse")},
-    }
-
-
-def evaluate(ckpt: Path, ref: DataSet, out: Path, batch_size: int = 4) -> dict[str, Any]:
-    """``infer.py rollout`` of ``ckpt`` on the test split of ``ref``: per source (model,
-    persistence) and measure, the mean over fields in each rollout window."""
-    result = infer(
-        "rollout",
-        f"ckpt_path={ckpt}",
-        "split=test",
-        f"paths.data_dir={ref.root}",
-        f"data.datasets=[{ref.name}]",
-        f"out={out}",
-        f"batch_size={batch_size}",
-        "overwrite=true",
-        "plots=false",
-        "save_predictions=false",
-        "progress=false",
-    )["metrics"]["datasets"][ref.name]
-    m = result["metrics"]
-    return {
-        "trajectories": len(result["trajectories"]),
-        "steps": result["steps"],
-        **{
-            s: {k: dict(m[s][k]["mean_over_fields"]["windows"]) for k in MEASURES}
-            for s in ("model", "persistence")
-        },
-    }
 
 
 def _portable(key: str, value: Any) -> Any:
     """An argument for the JSON: folders relative to the current one."""
     if key in ("data_root", "work_dir", "results_dir", "page") and value is not None:
-        return _rel(value)
-    return [_rel(v) for v in value] if key == "dataset" else value
-
-
-def _datasets_override(names: Sequence[str]) -> str:
-    return "data.datasets=[" + ",".join(f"{{name:{n},weight:1.0}}" for n in names) + "]"
-
-
-def held_overrides(held: DataSet, seed: int) -> list[str]:
-    """``experiment=finetune`` on ``held`` alone with ``seed`` (add ``init_from=`` to fine-tune,
-    ``finetune.enabled=false`` to train from scratch)."""
-    return [
-        "experiment=finetune",
-        f"paths.data_dir={held.root}",
-        f"data.datasets=[{held.name}]",
-        f"seed={seed}",
-        "data.generate_if_missing=false",
-    ]
+        return rel(value)
+    return [rel(v) for v in value] if key == "dataset" else value
 
 
 def run_one(
@@ -205,33 +106,23 @@ def run_one(
         raise BenchmarkError(f"nothing to pretrain on without {held.name}: widen --systems")
     if len({p.root for p in pool}) != 1:
         raise BenchmarkError("the pretraining systems must share one --data-root")
-    base = [f"seed={seed}", "data.generate_if_missing=false", *args.override]
     on_held = [*held_overrides(held, seed), *args.override]
     scratch = [*on_held, "finetune.enabled=false"]
     out = work / held.name / f"seed_{seed}"
     record: dict[str, Any] = {
         "held_out": held.name,
-        "dataset": _rel(held.path),
+        "dataset": rel(held.path),
         "seed": seed,
         "models": {},
     }
     log(
         f"[{held.name} seed {seed}] pretraining on {len(pool)} systems for {args.pretrain_time:g} s"
     )
-    pre = fit(
-        [
-            "experiment=pretrain",
-            f"paths.data_dir={pool[0].root}",
-            _datasets_override([p.name for p in pool]),
-            f"trainer.max_time={args.pretrain_time}",
-            *base,
-        ],
-        out / "pretrain",
-    )
+    pre = pretrain(pool, seed, args, out / "pretrain")
     record["pretrain"] = {
         "systems": [p.name for p in pool],
-        **{k: v for k, v in pre.items() if k != "checkpoint"},
-        "checkpoint": _rel(pre["checkpoint"]),
+        **{k: v for k, v in pre.items() if k not in ("checkpoint", "best")},
+        "checkpoint": rel(pre["checkpoint"]),
     }
     zero_shot = score_zero_shot(pre["checkpoint"], held, out / "eval" / "zero_shot", log)
     if "skipped" in zero_shot:
@@ -280,24 +171,11 @@ def run_one(
     for label, m in models.items():
         log(f"[{held.name} seed {seed}] scoring {label} on the test split")
         scored = evaluate(m["checkpoint"], held, out / "eval" / label.replace(" ", "_"))
-        m["checkpoint"] = _rel(m["checkpoint"])
+        m["checkpoint"] = rel(m["checkpoint"])
         m["test"] = scored
         record["models"][label] = m
     record["models"]["persistence"] = {"test": {**scored, "model": scored["persistence"]}}
     return record
-
-
-def score_zero_shot(ckpt: Path, held: DataSet, out: Path, log: Any = print) -> dict[str, Any]:
-    """The pretrained checkpoint rolled out on ``held``'s test split with no fine-tuning:
-    ``{"test": ...}`` as :func:`evaluate` scores it, or ``{"skipped": reason}`` when the
-    held-out set has fields the checkpoint was never trained on."""
-    try:
-        return {"test": evaluate(ckpt, held, out)}
-    except ValueError as e:
-        if "never trained on" not in str(e):
-            raise
-        log(f"[{held.name}] no zero-shot score: {e}")
-        return {"skipped": "the held-out set has fields the pretrained checkpoint never saw"}
 
 
 def _best_rate(tries: Mapping[float, dict[str, Any]]) -> dict[str, Any]:
@@ -336,8 +214,19 @@ def _parser() -> argparse.ArgumentParser:
     ints = lambda t: _numbers(t, whole=True)  # noqa: E731
     every, add = ",".join(SYSTEMS), p.add_argument
     add("--systems", default=every, help="built-in systems to pretrain on (default: all nine)")
-    add("--held-out", default=every, help="built-in systems to hold out, or 'none'")
+    add(
+        "--held-out",
+        help="built-in systems to hold out, or 'none' (default: all nine; with "
+        "--sample-efficiency every 2D system, burgers_1d and advection_diffusion_3d)",
+    )
     add("--dataset", action="append", default=[], help="Well dataset folder to hold out")
+    add(
+        "--near",
+        action="append",
+        default=[],
+        help="Well dataset folder to hold out, reported apart as near the pretraining pool "
+        "(e.g. data/gray_scott_pypde, whose built-in twin is pretrained on)",
+    )
     add("--data-root", default=os.environ.get("WALRUS_DATA_DIR", "data"))
     add("--n-traj", type=ints, default=[24, 4, 8], help="new built-in data: TRAIN,VALID,TEST")
     add("--min-test-trajectories", type=int, default=8)
@@ -353,8 +242,27 @@ def _parser() -> argparse.ArgumentParser:
     add("--threads", type=int, help="torch threads (default: torch's choice)")
     add("--work-dir", help="training runs (default: outputs/transfer/<UTC time>)")
     add("--results-dir", default=None, help="default: benchmarks/results")
-    add("--name", default="transfer", help="results file stem")
+    add("--name", help="results file stem (default: transfer, or sample_efficiency)")
     add("--page", type=Path, help="render the table onto this Markdown page")
+    se_opts = p.add_argument_group(
+        "sample efficiency",
+        "--sample-efficiency: per held-out set, fine-tuned and scratch on the first N train "
+        "trajectories for every N, each at its validation-chosen rate of --lrs and its "
+        "best-validation checkpoint within the step cap (the one value of --finetune-steps)",
+    )
+    se_add = se_opts.add_argument
+    se_add("--sample-efficiency", action="store_true", help="run the sample-efficiency mode")
+    se_add("--trajectories", type=tse.trajectory_grid, default=["1", "2", "4", "8", "all"])
+    se_add("--lrs", type=_numbers, default=[1e-3, 3e-3, 1e-2], help="rate grid of both sides")
+    se_add("--widen-grid", action="store_true", help="widen the grid while a choice is at an edge")
+    se_add("--max-widen", type=int, default=3, help="most widenings per point")
+    se_add("--val-every", type=int, default=25, help="steps between validations")
+    se_add("--reference-n", type=int, default=2, help="N the data-efficiency factor matches")
+    se_add(
+        "--readme",
+        type=Path,
+        help="render the headline row into this README (with --render-only: README.md)",
+    )
     add(
         "--render-only",
         action="store_true",
@@ -366,6 +274,9 @@ def _parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark as ``args`` describe; writes the JSON after every run."""
     results = Path(args.results_dir) if args.results_dir else RESULTS_DIR
+    args.name = args.name or (se.NAME if args.sample_efficiency else "transfer")
+    if args.sample_efficiency and args.render_only:
+        return tse.render_only(results / f"{args.name}.json", args.page, args.readme)
     if args.render_only:
         path = results / f"{args.name}.json"
         if not path.is_file():
@@ -374,8 +285,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         render_page(args.page or RESULTS_PAGE, data, args.name)
         return data
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    argv = [_rel(a) if os.path.isabs(a) else a for a in sys.argv[1:]]
-    record = {"started": started, **git_state(), "argv": argv}
+    argv = [rel(a) if os.path.isabs(a) else a for a in sys.argv[1:]]
+    record = {"started": started, **git_state(), "cpu_model": cpu_model(), "argv": argv}
     text = str(args.pretrain_time)
     try:
         args.pretrain_time = parse_duration(float(text) if text.isdigit() else text)
@@ -391,15 +302,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     pool = [s for s in args.systems.split(",") if s]
+    if args.held_out is None:
+        args.held_out = (
+            ",".join([s for s in SYSTEMS if s.endswith("_2d")] + tse.SE_OTHER)
+            if args.sample_efficiency
+            else ",".join(SYSTEMS)
+        )
     held_names = [] if args.held_out == "none" else [s for s in args.held_out.split(",") if s]
     builtin = {
         s: builtin_set(s, args.data_root, args.n_traj) for s in dict.fromkeys([*pool, *held_names])
     }
     held = [builtin[s] for s in held_names] + [external_set(p) for p in args.dataset]
+    near = [external_set(p) for p in args.near]
+    if args.sample_efficiency:
+        tse.check_sample_efficiency(args, [*held, *near])
+    elif near:
+        raise BenchmarkError("--near is for --sample-efficiency; hold the set out with --dataset")
+    held += near
     if not held:
         raise BenchmarkError("nothing to hold out: no --held-out systems and no --dataset")
     for ref in held:
-        n = count_test_trajectories(ref)
+        n = count_trajectories(ref)
         if n < args.min_test_trajectories:
             raise BenchmarkError(
                 f"{ref.path}: {n} test trajectories, fewer than --min-test-trajectories "
@@ -411,20 +334,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "args": {k: _portable(k, v) for k, v in vars(args).items()},
         "threads": torch.get_num_threads(),
         "loadavg_start": list(os.getloadavg()),
-        "work_dir": _rel(work),
+        "work_dir": rel(work),
         "runs": [],
     }
     for ref in held:
         for seed in args.seeds:
             others = [builtin[s] for s in pool if s != ref.name]
-            data["runs"].append(run_one(ref, others, seed, args, work))
-            data["summary"] = summarize(data["runs"])
+            if args.sample_efficiency:
+                group = tse.group_of(ref.name, ref in near)
+                data["runs"].append(tse.run_curve(ref, group, others, seed, args, work))
+                data["summary"] = se.summarize(data["runs"], args.reference_n)
+            else:
+                data["runs"].append(run_one(ref, others, seed, args, work))
+                data["summary"] = summarize(data["runs"])
             data["loadavg_end"] = list(os.getloadavg())
             path = save_json(args.name, data, results)
-            if args.page is not None:
+            if args.sample_efficiency:
+                se.render_pages(data, args.page, args.readme)
+            elif args.page is not None:
                 render_page(args.page, data, args.name)
-    print(render_table(data))
-    print(f"wrote {_rel(path)}")
+    print(se.render_table(data) if args.sample_efficiency else render_table(data))
+    print(f"wrote {rel(path)}")
     return data
 
 

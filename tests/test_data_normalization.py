@@ -210,3 +210,26 @@ def test_normalizer_options_read_from_a_file_are_validated(config, match):
     """A checkpoint's normaliser entry is data: wrong kinds are named before anything runs."""
     with pytest.raises(ValueError, match=match):
         build_normalizer(config)
+
+
+@pytest.mark.parametrize(
+    "normalizer", [RMSNormalizer(), MeanStdNormalizer()], ids=["rms", "meanstd"]
+)
+def test_per_sample_statistics_share_one_scale_and_round_trip(normalizer):
+    """Systems of very different scales normalise to the same numbers, and each comes back
+    exactly (float32) from its own statistics."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 4, 2, 8, 8, generator=g) + 0.5  # (1, T, C, H, W)
+    x = torch.cat([base * 0.1, base * 1e3])  # two samples, four orders of magnitude apart
+    nxt = torch.cat([base[:, -1:] * 0.1, base[:, -1:] * 1e3]) * 1.1  # (2, 1, C, H, W)
+    stats = normalizer.fit(x)
+    xn = stats.normalize(x)
+    torch.testing.assert_close(xn[0], xn[1], rtol=2e-3, atol=2e-3)  # eps 1e-4 against 0.1
+    d = nxt - x[:, -1:]
+    back = stats.denormalize(xn), stats.denormalize_delta(stats.normalize_delta(d))
+    frame = stats.next_frame(x[:, -1:], stats.normalize_delta(d), True)
+    for i in range(2):  # float32 rounding of each sample's own size
+        tol = 1e-6 * x[i].abs().max().item()
+        torch.testing.assert_close(back[0][i], x[i], rtol=0.0, atol=tol)
+        torch.testing.assert_close(back[1][i], d[i], rtol=0.0, atol=tol)
+        torch.testing.assert_close(frame[i], nxt[i], rtol=0.0, atol=tol)

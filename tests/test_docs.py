@@ -38,6 +38,16 @@ def test_the_quality_table_is_rendered_from_the_json():
     assert between(RESULTS_PAGE.read_text(), "quality-table") == quality_table.markdown(files)
 
 
+def test_the_quality_protocol_tables_are_rendered_from_the_newest_version():
+    # README's headline and the results page's table: the newest quality_v<N>/ (or, before the
+    # first version, the line that says none has run), rendered from the committed JSON
+    headline = quality_table.headline_markdown(RESULTS_DIR, "docs/quality_protocol.md")
+    assert between(README.read_text(), "quality-headline") == headline
+    assert (
+        between(RESULTS_PAGE.read_text(), "quality-protocol") == quality_table.protocol_markdown()
+    )
+
+
 def test_the_study_tables_are_rendered_from_the_json():
     text = STUDIES_PAGE.read_text()
     sweeps = sorted(RESULTS_DIR.glob("model_sweep*.json"))

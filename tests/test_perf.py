@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import shutil
 
@@ -251,7 +252,7 @@ def test_estimate_mfu():
 
 
 def test_scale_script_runs_on_the_tiny_preset(tmp_path):
-    from benchmarks.scale import main
+    from benchmarks.scale import load_preset, main, previous_writers
 
     argv = ["--preset", "tiny", "--grid", "32", "32", "--batches", "1", "--frames", "2"]
     rows = main(argv + ["--results-dir", str(tmp_path)])["rows"]
@@ -259,6 +260,24 @@ def test_scale_script_runs_on_the_tiny_preset(tmp_path):
     fused, plain = rows
     assert fused["fused"] and not plain["fused"] and fused["syncs"] == 0
     assert fused["GB"] < plain["GB"] and fused["calls"] < plain["calls"]
+    first = json.loads((tmp_path / "scale.json").read_text())
+    assert first["previous"] is None  # no earlier file
+    for run in first["runs"]:  # the ten largest writers, from the per-op totals
+        gb = [w["written_GB"] for w in run["top_writers"]]
+        totals = sorted((v["bytes"] + v["inplace_bytes"]) / 1e9 for v in run["ops"].values())
+        assert len(gb) == 10 and gb == pytest.approx(totals[::-1][:10])
+    run = first["runs"][0]
+    split = first["call_breakdown"]["fused=True"]  # one block + the rest = the whole forward
+    depth = load_preset("tiny")["depth"]
+    whole = split["per_block_GB"] * depth + split["outside_GB"]
+    assert whole == pytest.approx(run["written_GB"]) and split["per_block_token_matrices"] > 10
+    # a second run would keep this file's largest writers as its "before" listing
+    same = argparse.Namespace(preset="tiny", grid=[32, 32], frames=2)
+    previous = previous_writers(tmp_path / "scale.json", same, 1)
+    assert previous["top_writers"] == run["top_writers"]
+    assert previous["written_GB"] == run["written_GB"] and previous["B"] == 1
+    other = argparse.Namespace(preset="tiny", grid=[32, 32], frames=3)
+    assert previous_writers(tmp_path / "scale.json", other, 1) is None  # not comparable
 
 
 _NO_CXX = not any(shutil.which(c) for c in ("g++", "c++", "clang++"))
@@ -313,6 +332,65 @@ def test_whole_model_compile_matches_eager_training():
             if q.grad is not None:  # relative to the largest gradient (some are exactly ~0)
                 assert (p.grad - q.grad).abs().max() <= 1e-4 * scale, name
             p.grad = q.grad = None
+
+
+def test_gemm_rate_floor_records_the_steps_gemms_forward_and_backward():
+    from benchmarks.gemm_rate import (
+        GemmFloor,
+        TensorSpec,
+        call_flops,
+        floor_summary,
+        op_breakdown,
+        step_gemms,
+    )
+
+    model = tiny().train()
+    x, fields = torch.randn(2, 3, 2, 32, 32), torch.tensor([0, 3])
+
+    def forward() -> torch.Tensor:
+        return model(x, fields, BCS, jitter_seed=0)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        forward().abs().mean().backward()
+
+    calls = step_gemms(step)
+    n_forward = len(step_gemms(forward))
+    assert n_forward > 0 and len(calls) > n_forward  # the backward's GEMMs are recorded too
+    # the same GEMMs, and FLOPs, as the profiler sees in one step
+    assert sum(call_flops(f, a) for f, a, _ in calls) == op_breakdown(step)["gemm_flops"]
+    specs = [a for _, args, _ in calls for a in args if isinstance(a, TensorSpec)]
+    transposed = [s for s in specs if len(s.size) >= 2 and s.stride[-2:] == (1, s.size[-2])]
+    assert transposed  # backward GEMMs read transposed operands; the layout is kept
+    floor = GemmFloor(calls)
+    assert floor.flops == sum(call_flops(f, a) for f, a, _ in calls)
+    for (func, args, _), (rfunc, rargs, _) in zip(calls, floor.calls, strict=True):
+        assert rfunc is func
+        for spec, t in zip(args, rargs, strict=True):
+            if isinstance(spec, TensorSpec):
+                assert (tuple(t.shape), t.stride(), t.dtype) == (spec.size, spec.stride, spec.dtype)
+    floor()
+    summary = floor_summary(calls)
+    assert sum(e["count"] for e in summary) == len(calls)
+    assert sum(e["count"] * e["flops"] for e in summary) == floor.flops
+
+
+def test_gemm_rate_compile_break_even():
+    from benchmarks.gemm_rate import compile_facts
+
+    warm = {"mode": "model", "warmup_steps": 3, "warmup_s": [30.0, 10.0, 0.5]}
+    rows = [
+        {"small_ms": 200.0, "small_compiled_ms": 150.0},
+        {"small_ms": 400.0, "small_compiled_ms": 340.0},  # a busy round: pairs, not columns
+        {"small_ms": 210.0, "small_compiled_ms": 170.0},
+    ]
+    facts = compile_facts(warm, rows, run_steps=600)
+    assert facts["compile_s"] == pytest.approx(39.0)  # 40.5 s less 3 steady 0.5 s steps
+    assert facts["gain_ms_per_step"] == pytest.approx(50.0)  # median of 50, 60, 40
+    assert facts["break_even_steps"] == 780  # 39 s / 0.05 s per step
+    assert facts["run_s"]["compiled"] > facts["run_s"]["eager"]
+    slower = compile_facts(warm, [{"small_ms": 200.0, "small_compiled_ms": 210.0}])
+    assert slower["break_even_steps"] is None
 
 
 def test_gemm_rate_op_breakdown_counts_gemm_flops_exactly():

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from benchmarks import transfer, transfer_table
+from benchmarks import transfer, transfer_runs, transfer_table
 from tests.conftest import REPO, tiny_train_overrides
 from walrus.checkpoint import load_checkpoint_file
 from walrus.data.synthetic import SYSTEMS, generate
@@ -357,8 +357,8 @@ def test_zero_shot_scores_known_fields_and_skips_unknown_ones(
 ):
 
     ckpt, logged = pretrained_run[0] / "checkpoints" / "last.ckpt", []
-    gray_scott = transfer.external_set(tiny_data_root / "gray_scott_2d")
-    scored = transfer.score_zero_shot(ckpt, gray_scott, tmp_path / "gs", logged.append)
+    gray_scott = transfer_runs.external_set(tiny_data_root / "gray_scott_2d")
+    scored = transfer_runs.score_zero_shot(ckpt, gray_scott, tmp_path / "gs", logged.append)
     assert scored["test"]["trajectories"] == 1 and not logged
     assert set(scored["test"]["model"]) == set(transfer_table.MEASURES)
     assert scored["test"]["model"]["vrmse"]["1"] > 0
@@ -366,8 +366,8 @@ def test_zero_shot_scores_known_fields_and_skips_unknown_ones(
     generate(
         "cahn_hilliard_2d", tmp_path, n_traj=(1, 1, 1), resolution=32, steps=12, progress=False
     )
-    unknown = transfer.external_set(tmp_path / "cahn_hilliard_2d")
-    skipped = transfer.score_zero_shot(ckpt, unknown, tmp_path / "ch", logged.append)
+    unknown = transfer_runs.external_set(tmp_path / "cahn_hilliard_2d")
+    skipped = transfer_runs.score_zero_shot(ckpt, unknown, tmp_path / "ch", logged.append)
     assert skipped == {"skipped": "the held-out set has fields the pretrained checkpoint never saw"}
     assert "['concentration']" in logged[0]
 
@@ -425,3 +425,4 @@ def test_transfer_smoke(tmp_path):
     assert models["finetune 2"]["test"]["trajectories"] == 8
     assert set(models["finetune 2"]["test"]["model"]) == set(transfer_table.MEASURES)
     assert not Path(run["dataset"]).is_absolute() and saved["record"]["commit"]
+    assert saved["record"]["cpu_model"]  # read when the run started

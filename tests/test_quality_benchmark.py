@@ -1,9 +1,10 @@
-"""The training benchmarks: harness, FNO baseline, quality CLI, model sweep, docs tables, and
+"""The training benchmarks: harness, The Well's baselines, quality CLI, model sweep, docs tables, and
 the external data (benchmarks/external_data.py)."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -15,7 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks import fno as f
+from benchmarks import baselines as bl
+from benchmarks import candidates as qc
 from benchmarks import harness as h
 from benchmarks import model_sweep as sweep
 from benchmarks import quality as q
@@ -38,7 +40,24 @@ TINY_OURS = [
     "trainer.limit_val_batches=1",
     "trainer.num_sanity_val_steps=0",
 ]
-TINY_FNO = ["--fno-modes", "4", "--fno-widths", "4,8", "--fno-layers", "1"]
+# Two candidates per model, every baseline tiny (16x16 grids: two UNetConvNext stages).
+TINY_CANDIDATES = """
+ours:
+  common: []
+  candidates:
+    slow: [optimizer.lr=1e-5]
+    fast: [optimizer.lr=1e-2]
+fno:
+  common: {modes: 4, augment: d4, noise: 0.1}
+  candidates:
+    w4: {width: 4}
+    w8: {width: 8}
+unet_convnext:
+  common: {stages: 2, noise: 0.1}
+  candidates:
+    w4: {width: 4}
+    w4_d4: {width: 4, augment: d4}
+"""
 
 
 def require(module: str) -> None:
@@ -50,6 +69,15 @@ def require(module: str) -> None:
         if os.environ.get("WALRUS_REQUIRE_BASELINE") == "1":
             pytest.fail(f"{message} (WALRUS_REQUIRE_BASELINE=1)")
         pytest.skip(message)
+
+
+def require_baselines() -> None:
+    """``require`` for The Well's two baselines (their modules import neuralop and timm)."""
+    require("neuralop")
+    require("torch_harmonics")
+    if importlib.util.find_spec("timm") is None:  # `import timm` itself needs torchvision
+        require("timm")
+    assert bl.baselines_available(), "the baseline packages import, The Well's models do not"
 
 
 @pytest.fixture(scope="module")
@@ -260,22 +288,50 @@ def test_candidates_parse_and_reject_interpolation():
             q.parse_candidates(bad)
 
 
-def test_fno_noise_levels_parse_ours_and_numbers():
-    assert q._noise_levels("ours,0,0.05") == [None, 0.0, 0.05]
-    for bad in ("", "-0.1", "loud", "nan"):
-        with pytest.raises(argparse.ArgumentTypeError, match="noise level"):
-            q._noise_levels(bad)
+def test_candidate_file_gives_every_model_the_same_number(tmp_path):
+    shipped = qc.load_candidates(qc.CANDIDATES, bl.KINDS)
+    counts = shipped.counts()
+    assert set(counts) == {"ours", *bl.KINDS} and len(set(counts.values())) == 1
+    assert 1 < counts["ours"] <= qc.MAX_CANDIDATES
+    for kind, cands in shipped.baselines.items():
+        # the levers ours uses, and more than one width
+        assert {o.augment for o in cands.values()} == {"d4"}, kind
+        assert {o.noise for o in cands.values()} == {0.1}, kind
+        assert len({o.width for o in cands.values()}) == 2, kind
+        for attr in ("width", "width_3d"):  # no two candidates alike, in 2D or in 3D
+            assert len({(getattr(o, attr), o.lr) for o in cands.values()}) == len(cands), kind
+    assert len({tuple(o) for o in shipped.ours.values()}) == counts["ours"]
+    path = tmp_path / "c.yaml"
+    path.write_text(TINY_CANDIDATES)
+    tiny = qc.load_candidates(path, ["unet_convnext"])
+    assert tiny.counts() == {"ours": 2, "unet_convnext": 2}
+    assert tiny.baselines["unet_convnext"]["w4_d4"] == bl.BaselineOptions(
+        kind="unet_convnext", stages=2, noise=0.1, width=4, augment="d4"
+    )
+    bad = {
+        "ours:\n  candidates: {a: [x=1]}\nfno:\n  candidates: {a: {}, b: {}}\n": "same number",
+        "ours:\n  candidates: {a: [x=1]}\nfno:\n  candidates: {a: {depth: 3}}\n": "fno.a",
+        "ours:\n  candidates: {a: [x=1]}\nfno:\n  candidates: {a: {width: 2.5}}\n": "integer",
+        "ours:\n  candidates: {a: ['x=${oc.env:HOME}']}\n": "interpolation",
+        "ours:\n  candidates: {a: [x=1]}\nmlp: {}\n": "unknown model",
+        "ours:\n  candidates: {a: [x=1]}\n": "'fno' must be a mapping",
+    }
+    for text, message in bad.items():
+        path.write_text(text)
+        with pytest.raises(h.BenchmarkError, match=message) as e:
+            qc.load_candidates(path, ["fno"])
+        assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
-def test_fno_input_noise_matches_ours_units():
+def test_baseline_input_noise_matches_ours_units():
     torch.manual_seed(0)
     x = torch.randn(2, 4, 2, 8, 8)
     x[:, :, 1] = 3.0  # a field that does not change in the window gets no noise
     scale = RMSNormalizer().fit(x).scale  # (B, 1, C, 1, 1)
     for units in ("input_rms", "input_std", "delta_rms"):
-        opts = f.FNOOptions(noise=0.5, noise_units=units)
+        opts = bl.BaselineOptions(noise=0.5, noise_units=units)
         torch.manual_seed(1)
-        got = f.input_noise(x, scale, opts)
+        got = bl.input_noise(x, scale, opts)
         torch.manual_seed(1)
         draw = torch.randn_like(x)
         d = (x[:, 1:] - x[:, :-1]).square().mean(dim=(1, 3, 4), keepdim=True).sqrt()
@@ -283,11 +339,18 @@ def test_fno_input_noise_matches_ours_units():
         unit = {"input_rms": scale, "input_std": spread, "delta_rms": d}[units]
         torch.testing.assert_close(got[:, :, 0], (0.5 * unit * draw)[:, :, 0])
         assert (got[:, :, 1] == 0).all()
-    with pytest.raises(h.BenchmarkError, match="--fno-noise-units"):
-        f.FNOOptions(noise_units="state")
+    with pytest.raises(h.BenchmarkError, match="noise_units"):
+        bl.BaselineOptions(noise_units="state")
+    with pytest.raises(h.BenchmarkError, match="kind"):
+        bl.BaselineOptions(kind="resnet")
 
 
-def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "well", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["ours", "well_baselines"]
+)
+def test_main_end_to_end_seeds_choice_jitter_and_record(
+    ext_dir, tmp_path, capsys, monkeypatch, well
+):
     calls = {"git": 0, "now": 0}
     real_now = record._now
 
@@ -301,7 +364,10 @@ def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsy
 
     monkeypatch.setattr(record, "_git", fake_git)
     monkeypatch.setattr(record, "_now", fake_now)
-    fno = f.fno_available()
+    if well:
+        require_baselines()
+    cands = tmp_path / "candidates.yaml"
+    cands.write_text(TINY_CANDIDATES)
     argv = [
         "--systems=none",
         f"--dataset={ext_dir}",
@@ -310,8 +376,8 @@ def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsy
         f"--work-dir={tmp_path / 'work'}",
         f"--results-dir={tmp_path}",
         *[f"--ours-override={o}" for o in TINY_OURS],
-        "--ours-candidates=slow=optimizer.lr=1e-5;fast=optimizer.lr=1e-2",
-        *(TINY_FNO if fno else ["--no-fno"]),
+        f"--candidates={cands}",
+        *([] if well else ["--baselines=none"]),
     ]
     q.main(argv)
     text = (tmp_path / "quality.json").read_text()
@@ -326,11 +392,8 @@ def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsy
     assert not [s for s in strings(data) if s.startswith("/")]
 
     run = data["runs"][0]
-    models = (
-        ["ours", "ours+jitter", "fno", "persistence"]
-        if fno
-        else ["ours", "ours+jitter", "persistence"]
-    )
+    baselines = list(bl.KINDS) if well else []
+    models = ["ours", "ours+jitter", *baselines, "persistence"]
     assert list(run["models"]) == models and run["split"] == "test" and run["seeds"] == [0, 1]
     assert run["windows"] == ["1", "2-10"] and run["dataset"] == "random_fields"
     ours = run["models"]["ours"]
@@ -346,28 +409,31 @@ def test_main_end_to_end_seeds_choice_jitter_and_record(ext_dir, tmp_path, capsy
     lr = f"optimizer.lr={'1e-5' if picked['chosen'] == 'slow' else '1e-2'}"
     assert all(s["train"]["overrides"][-1] == lr for s in ours["per_seed"])
     assert set(ours["stats"]["fidelity"]) == set(metrics.FIDELITY)
-    if fno:
-        sel = run["selection"]["fno"]
+    # every model chose among the same number of candidates, each scored on valid for every seed
+    for model, names in {"ours": ["slow", "fast"], "fno": ["w4", "w8"]}.items():
+        if model not in run["models"]:
+            continue
+        sel = run["selection"][model]
+        assert list(sel["valid_scores"]) == names and list(sel["candidates"]) == names
+        assert all(len(v) == 2 and all(np.isfinite(v)) for v in sel["valid_scores"].values())
         means = {k: np.mean(v) for k, v in sel["valid_scores"].items()}
-        # widths x noise levels (by default ours, quickstart's 0.1 input RMS, and none)
-        names = {f"fno{w}_noise{n}" for w in (4, 8) for n in ("0.1", "0")}
-        assert set(means) == names and sel["chosen"] == min(means, key=means.get)
-        width, noise = sel["chosen"].removeprefix("fno").split("_noise")
-        for s in run["models"]["fno"]["per_seed"]:
-            opts = s["train"]["options"]
-            assert (opts["hidden"], opts["noise"]) == (int(width), float(noise))
-            assert opts["noise_units"] == "input_rms"
+        assert sel["chosen"] == min(means, key=means.get)
+    for kind in baselines:
+        chosen = run["selection"][kind]["chosen"]
+        for s in run["models"][kind]["per_seed"]:
+            assert s["train"]["candidate"] == chosen and s["train"]["steps"] == 2
+            assert s["train"]["options"] == run["selection"][kind]["candidates"][chosen]
     table = capsys.readouterr().out
     assert "ours+jitter" in table and "ours/persistence" in table and "±" in table
-    assert ("ours/fno" in table) == fno
+    assert ("ours/fno" in table) == well and ("ours/unet_convnext" in table) == well
     # the docs renderer reads this file
     md = qt.markdown([tmp_path / "quality.json"])
     assert "**ours / persistence**" in md and " ± " in md
 
 
-def test_missing_neuraloperator_is_a_one_line_error(monkeypatch, capsys, tmp_path):
-    monkeypatch.setitem(sys.modules, "neuralop", None)
-    monkeypatch.setitem(sys.modules, "neuralop.models", None)
+def test_missing_baseline_package_is_a_one_line_error(monkeypatch, capsys, tmp_path):
+    for name in ("neuralop", "neuralop.models", "the_well.benchmark.models.fno"):
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(SystemExit) as e:
         q.main(["--steps=1", "--systems=none", f"--results-dir={tmp_path}"])
     assert e.value.code == 2
@@ -375,28 +441,50 @@ def test_missing_neuraloperator_is_a_one_line_error(monkeypatch, capsys, tmp_pat
     assert "\n" not in err and "neuraloperator" in err and "make baseline" in err
 
 
-def test_fno_trains_on_our_windows_and_rolls_out(gs_root):
-    require("neuralop")
+@pytest.mark.parametrize(
+    "options",
+    [
+        bl.BaselineOptions(kind="fno", modes=4, width=8, noise=0.1, augment="d4"),
+        bl.BaselineOptions(kind="unet_convnext", stages=2, width=4, noise=0.1, augment="d4"),
+    ],
+    ids=lambda o: o.kind,
+)
+def test_well_baseline_trains_on_our_windows_and_rolls_out(gs_root, options):
+    require_baselines()
+    classes = bl.well_model_classes()
     ref = h.DatasetRef(gs_root, "gray_scott_2d")
-    opts = f.FNOOptions(modes=4, hidden=8, layers=2, noise=0.1)
-    trained = f.train_fno(ref, h.Budget("steps", 3), n_steps_input=4, batch_size=2, options=opts)
+    trained = bl.train_baseline(
+        ref, h.Budget("steps", 3), n_steps_input=4, batch_size=2, options=options
+    )
+    net = trained.forecaster.model
+    # The Well's own class, built at the tiny size asked for
+    assert type(net.net) is classes[options.kind] and type(net.net).__module__.startswith(
+        "the_well"
+    )
     assert trained.info["steps"] == 3 and np.isfinite(trained.info["final_loss"])
+    assert trained.info["options"]["kind"] == options.kind
+    assert trained.info["params"] == sum(p.numel() for p in net.parameters()) < 50_000
     batch = WellDataset(gs_root, "gray_scott_2d", "test", 4, 0).trajectory(0)
     preds = list(trained.forecaster.rollout(batch, 5))
     assert len(preds) == 5 and preds[0].shape == batch.input_fields[:, -1].shape
     assert all(torch.isfinite(p).all() for p in preds)
+    # predicts the normalised delta, rolled out with walrus.rollout's default capped delta unit
+    assert trained.forecaster.predict_delta and trained.forecaster.cap_delta_unit is None
 
-    net3d = f.FNOForecaster(2, 1, (8, 8, 8), f.FNOOptions(modes_3d=2, hidden_3d=4, layers=1))
-    assert net3d.fno.hidden_channels == 4 and tuple(net3d.fno.n_modes) == (2, 2, 2)
+    opts3d = dataclasses.replace(options, width_3d=4, modes_3d=2)
+    net3d = bl.WellBaseline(2, 1, (8, 8, 8), opts3d)
     assert net3d(torch.randn(3, 2, 1, 8, 8, 8), None, None).shape == (3, 1, 1, 8, 8, 8)
-
-    timed = f.train_fno(
-        ref, h.Budget("cpu_seconds", 0.2), n_steps_input=4, batch_size=2, options=opts
-    )
-    planned = timed.info["probe"]["planned_steps"]
-    assert timed.info["max_steps"] == h.step_ceiling(planned) > planned
-    assert 1 <= timed.info["steps"] <= timed.info["max_steps"]
-    assert timed.info["steps"] == timed.info["max_steps"] or timed.info["cpu_s"] >= 0.2
+    if options.kind == "unet_convnext":
+        with pytest.raises(h.BenchmarkError, match="divisible by 4"):
+            bl.WellBaseline(2, 1, (8, 10), options)
+    else:
+        timed = bl.train_baseline(
+            ref, h.Budget("cpu_seconds", 0.2), n_steps_input=4, batch_size=2, options=options
+        )
+        planned = timed.info["probe"]["planned_steps"]
+        assert timed.info["max_steps"] == h.step_ceiling(planned) > planned
+        assert 1 <= timed.info["steps"] <= timed.info["max_steps"]
+        assert timed.info["steps"] == timed.info["max_steps"] or timed.info["cpu_s"] >= 0.2
 
 
 def fake_sweep_run(calls, fail_at=None):  # noqa: ANN001

@@ -284,12 +284,17 @@ class _SigintDisposition(torch.utils.data.Dataset):
 def test_data_workers_ignore_ctrl_c_so_the_step_can_finish():
     from walrus.data.datamodule import worker_init
 
-    loader = torch.utils.data.DataLoader(
-        _SigintDisposition(), num_workers=1, worker_init_fn=worker_init, batch_size=None
-    )
-    assert list(loader) == [True]
-    plain = torch.utils.data.DataLoader(_SigintDisposition(), num_workers=1, batch_size=None)
-    assert list(plain) == [False]
+    # a shell's background job starts with Ctrl-C ignored: give the workers a handler to inherit
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        loader = torch.utils.data.DataLoader(
+            _SigintDisposition(), num_workers=1, worker_init_fn=worker_init, batch_size=None
+        )
+        assert list(loader) == [True]
+        plain = torch.utils.data.DataLoader(_SigintDisposition(), num_workers=1, batch_size=None)
+        assert list(plain) == [False]
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 # ---------------------------------------------------------------------- atomic writes

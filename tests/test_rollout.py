@@ -406,3 +406,40 @@ def test_jitter_average_feeds_back_the_mean_of_the_draws():
 def test_jitter_average_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         next(rollout(ZeroModel(), _ens_batch(), 1, **kwargs))
+
+
+@pytest.mark.parametrize("scheme", ["rms", "meanstd"])
+def test_walrus_rollout_matches_the_model_applied_by_hand(scheme: str) -> None:
+    """Per-sample normalisation in a rollout: each window's own statistics in, the same ones
+    out (delta unit capped at the context's), written out by hand around the bare model."""
+    from walrus.data.normalization import MeanStdNormalizer
+    from walrus.model.walrus import Walrus
+
+    torch.manual_seed(0)
+    model = Walrus(
+        n_fields=4, dim=32, depth=1, heads=4, projection_dim=8, intermediate_dim=16, groups=4
+    ).eval()
+    batch = make_batch(b=2, t=3, c=2, h=16, w=16)
+    batch.input_fields[1] *= 1e3  # a second system three orders of magnitude larger
+    normalizer = RMSNormalizer() if scheme == "rms" else MeanStdNormalizer()
+    preds = list(rollout(model, batch, 3, normalizer=normalizer, jitter_seed=None))
+
+    def fit(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # each (B, 1, C, 1, 1)
+        d = w[:, 1:] - w[:, :-1]
+        if scheme == "rms":
+            rms, drms = (v.square().mean(dim=(1, 3, 4), keepdim=True).sqrt() for v in (w, d))
+            return torch.zeros_like(rms), rms + 1e-4, torch.zeros_like(rms), drms + 1e-4
+        std, mean = torch.std_mean(w, dim=(1, 3, 4), keepdim=True, correction=0)
+        dstd, dmean = torch.std_mean(d, dim=(1, 3, 4), keepdim=True, correction=0)
+        return mean, std + 1e-4, dmean, dstd + 1e-4
+
+    window = batch.input_fields.clone()
+    cap = fit(window)[3]
+    for pred in preds:
+        shift, scale, dshift, dscale = fit(window)
+        with torch.no_grad():
+            out = model((window - shift) / scale, batch.field_ids, batch.bcs)[:, -1:]
+        nxt = window[:, -1:] + out * torch.minimum(dscale, cap) + dshift  # (B, 1, C, H, W)
+        torch.testing.assert_close(pred, nxt[:, 0], rtol=1e-5, atol=1e-5 * scale.max().item())
+        window = torch.cat([window[:, 1:], nxt], dim=1)
+    assert preds[-1][1].abs().mean() > 100 * preds[-1][0].abs().mean()  # scales kept apart

@@ -18,8 +18,7 @@ checkpoint already trained; nothing is chosen here.
 from __future__ import annotations
 
 import argparse
-import os
-import time
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from torch import Tensor
 
 from benchmarks.common import print_table
 from benchmarks.harness import DatasetRef, Forecaster, evaluate
-from benchmarks.record import portable_path, save_result
+from benchmarks.record import finish_record, portable_path, run_record, save_result
 from walrus.data.batch import Batch
 from walrus.data.normalization import NormStats
 from walrus.inference.loading import load_inference_checkpoint
@@ -93,15 +92,15 @@ def run(ckpt_path: str, root: str | None, dataset: str | None) -> dict[str, Any]
 
 
 def main() -> None:
+    record = run_record(sys.argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ckpt")
     parser.add_argument("--root", help="data root (default: the checkpoint's)")
     parser.add_argument("--dataset", help="dataset name (default: the checkpoint's first)")
     parser.add_argument("--name", default="delta_cap", help="results file stem")
     args = parser.parse_args()
-    load, t0 = os.getloadavg(), time.perf_counter()
     out = run(args.ckpt, args.root, args.dataset)
-    out["loadavg_before"], out["wall_s"] = list(load), time.perf_counter() - t0
+    out["record"] = finish_record(record)
     rows = [
         {"mode": mode, "field": f, **out["models"][mode]["rollout"]["per_field"][f]}
         for mode in ("persistence", *MODES)

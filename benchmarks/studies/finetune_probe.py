@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import sys
 from pathlib import Path
+from typing import Any
 
-from benchmarks import transfer
+from benchmarks import transfer, transfer_runs
 from benchmarks.quality import parse_candidates
+from benchmarks.record import finish_record, portable, portable_path, run_record
 from walrus.atomic import write_text_atomic
 
 
@@ -38,14 +40,21 @@ def probe_parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
-def save_probe(args: argparse.Namespace, rows: list[dict]) -> None:
-    """Write ``rows`` to ``args.out`` with the commit, dirty flag and relative arguments."""
-    argv = {k: os.path.relpath(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    record = {**transfer.git_state(), "args": argv}
-    write_text_atomic(args.out, json.dumps({"record": record, "rows": rows}, indent=1))
+def start_probe() -> dict[str, Any]:
+    """The probe's run record (commit, dirty flag, start time, CPU model), read as it starts."""
+    return run_record(sys.argv)
+
+
+def save_probe(args: argparse.Namespace, rows: list[dict], record: dict[str, Any]) -> None:
+    """Write ``rows`` to ``args.out`` with ``record`` (from :func:`start_probe`) completed and
+    the arguments, every path made portable."""
+    argv = {k: portable_path(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    out = {"record": {**finish_record(record), "args": argv}, "rows": rows}
+    write_text_atomic(args.out, json.dumps(portable(out), indent=1))
 
 
 def main() -> None:
+    record = start_probe()
     p = probe_parser("python -m benchmarks.studies.finetune_probe")
     p.add_argument("--candidates", type=parse_candidates, default={})
     p.add_argument("--lrs", type=float, nargs="*", default=[])
@@ -58,12 +67,12 @@ def main() -> None:
     todo = {("finetune", n): o for n, o in candidates.items()}
     todo.update({("scratch", n): o for n, o in args.scratch_candidates.items()})
     done = json.loads(args.transfer_json.read_text())
-    held = transfer.external_set(args.dataset)
+    held = transfer_runs.external_set(args.dataset)
     rows = []
     for run in (r for r in done["runs"] if r["held_out"] == held.name):
         seed = run["seed"]
         ckpt = args.work_dir / held.name / f"seed_{seed}" / "pretrain" / "checkpoints" / "last.ckpt"
-        base = [*transfer.held_overrides(held, seed), f"trainer.max_steps={args.steps}"]
+        base = [*transfer_runs.held_overrides(held, seed), f"trainer.max_steps={args.steps}"]
         start = {
             "finetune": [*base, f"init_from={ckpt}"],
             "scratch": [*base, "finetune.enabled=false"],
@@ -74,11 +83,11 @@ def main() -> None:
             rows.append({**row, "val": own["val"], "test": own["test"]["model"]})
         for (kind, name), overrides in todo.items():
             out = args.work_dir / "probe" / held.name / f"seed_{seed}_{kind}_{name}"
-            fitted = transfer.fit([*start[kind], *overrides], out)
-            test = transfer.evaluate(fitted["checkpoint"], held, out / "eval")["model"]
+            fitted = transfer_runs.fit([*start[kind], *overrides], out)
+            test = transfer_runs.evaluate(fitted["checkpoint"], held, out / "eval")["model"]
             row = {"seed": seed, "kind": kind, "candidate": name, "overrides": overrides}
             rows.append({**row, "steps": fitted["steps"], "val": fitted["val"], "test": test})
-            save_probe(args, rows)  # what is done survives a stop
+            save_probe(args, rows, record)  # what is done survives a stop
         chosen = {}
         for kind in ("finetune", "scratch"):
             side = [r for r in rows if r["seed"] == seed and r.get("kind") == kind]
@@ -90,7 +99,7 @@ def main() -> None:
         names = {k: chosen[k]["candidate"] for k in chosen}
         rows.append({"seed": seed, "kind": "chosen", **names, "finetune_over_scratch": ratio})
         print(seed, names, {w: round(v, 3) for w, v in ratio.items()}, flush=True)
-    save_probe(args, rows)
+    save_probe(args, rows, record)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ Writes ``benchmarks/results/fold_embedding.json`` with the machine's load averag
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.common import environment, print_table, save_json
+from benchmarks.common import print_table
+from benchmarks.record import finish_record, run_record, save_result
 from walrus.checkpoint import build_model
 
 MODEL = Path(__file__).resolve().parents[2] / "configs" / "model" / "small.yaml"
@@ -41,6 +42,7 @@ def _seconds(fn: Callable[[], object], iters: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
+    record = run_record(sys.argv if argv is None else ["fold_embedding", *argv])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=5, help="timed steps per variant and round")
@@ -65,7 +67,6 @@ def main(argv: list[str] | None = None) -> None:
         with torch.inference_mode():
             model(x, fields, bcs, jitter_seed=0)
 
-    load_before = os.getloadavg()
     rows = []
     for r in range(args.rounds):
         row: dict[str, float | int] = {"round": r}
@@ -83,16 +84,13 @@ def main(argv: list[str] | None = None) -> None:
     print_table(rows)
     print("median:")
     print_table([median])
-    save_json(
+    save_result(
         "fold_embedding",
         {
             "shape": {"B": B, "T": T, "C": C, "H": H, "W": W},
             "rounds": rows,
             "median": median,
-            "loadavg_before": list(load_before),
-            "loadavg_after": list(os.getloadavg()),
-            "torch_threads": torch.get_num_threads(),
-            "environment": environment(),
+            "record": finish_record(record),
         },
     )
 

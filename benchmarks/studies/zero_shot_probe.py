@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import transfer
-from benchmarks.studies.finetune_probe import probe_parser, save_probe
+from benchmarks import transfer_runs
+from benchmarks.studies.finetune_probe import probe_parser, save_probe, start_probe
 
 
 def main() -> None:
+    record = start_probe()
     args = probe_parser("python -m benchmarks.studies.zero_shot_probe").parse_args()
     done = json.loads(args.transfer_json.read_text())
-    held = transfer.external_set(args.dataset)
+    held = transfer_runs.external_set(args.dataset)
     rows = []
     for run in done["runs"]:
         seed = run["seed"]
         out = args.work_dir / held.name / f"seed_{seed}"
         ckpt = out / "pretrain" / "checkpoints" / "last.ckpt"
-        zero = transfer.score_zero_shot(ckpt, held, out / "eval" / "zero_shot_probe")
+        zero = transfer_runs.score_zero_shot(ckpt, held, out / "eval" / "zero_shot_probe")
         if "skipped" in zero:
             rows.append({"seed": seed, **zero})
             continue
@@ -35,7 +36,7 @@ def main() -> None:
         rows.append(row)
         zs, sc = row["zero_shot"]["vrmse"], row["scratch 300"]["vrmse"]
         print(seed, {w: round(zs[w] / sc[w], 3) for w in zs if zs[w] and sc.get(w)}, flush=True)
-    save_probe(args, rows)
+    save_probe(args, rows, record)
 
 
 if __name__ == "__main__":

@@ -137,6 +137,9 @@ class WellDataModule(L.LightningDataModule):
             frames give the validation rollout something to compare against.
         max_sample_bytes: most bytes one window may need (checked from the files' declared
             shapes before anything is read).
+        train_trajectories: train on the first N trajectories of each dataset's train split
+            (in file order; validation and test are unchanged); ``None``: all. An N above what
+            a dataset's train split holds, or below 1, is refused.
     """
 
     def __init__(
@@ -158,6 +161,7 @@ class WellDataModule(L.LightningDataModule):
         batches_per_epoch: int | None = None,
         val_steps_output: int | None = None,
         max_sample_bytes: int | None = None,
+        train_trajectories: int | None = None,
     ) -> None:
         super().__init__()
         if normalization not in ("rms", "zscore"):
@@ -176,6 +180,7 @@ class WellDataModule(L.LightningDataModule):
         self.normalization, self.seed = normalization, seed
         self.max_val_windows, self.batches_per_epoch = max_val_windows, batches_per_epoch
         self.val_steps_output = val_steps_output or n_steps_output
+        self.train_trajectories = train_trajectories
         self._vocab: FieldVocabulary | None = None
         self._spatial_dims: set[int] = set()
         self._inputs: list[tuple[str, int, tuple[int, ...], Any]] = []
@@ -294,6 +299,7 @@ class WellDataModule(L.LightningDataModule):
                     fields=spec.fields,
                     train=split == "train",
                     max_sample_bytes=self.max_sample_bytes,
+                    trajectories=self.train_trajectories if split == "train" else None,
                 )
                 for spec in self.specs
             ]

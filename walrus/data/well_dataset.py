@@ -62,6 +62,8 @@ class WellDataset(Dataset):
         max_sample_bytes: most bytes one read (a window, or a rollout's frames) may need; a
             file whose windows need more is refused when the dataset is opened (``None``: the
             default, 8 GiB).
+        trajectories: serve only the first this many trajectories of the split, in file order
+            (files sorted by name, trajectories in file order); ``None``: all.
 
     Each item is a ``Batch`` with a leading batch axis of 1: ``input_fields (1, T_in, C, *S)``,
     ``output_fields (1, T_out, C, *S)``.
@@ -80,6 +82,7 @@ class WellDataset(Dataset):
         train: bool = False,
         check_finite: bool = True,
         max_sample_bytes: int | None = None,
+        trajectories: int | None = None,
     ) -> None:
         if n_steps_input < 1 or n_steps_output < 0:
             raise ValueError(
@@ -101,6 +104,10 @@ class WellDataset(Dataset):
         self.stride_lo, self.stride_hi = _stride_range(time_stride)
         self.train, self.check_finite = train, check_finite
         self.files = [WellFile(p) for p in list_split_files(root, dataset, split)]
+        traj_counts = [wf.n_trajectories for wf in self.files]
+        if trajectories is not None:
+            traj_counts = _first_trajectories(traj_counts, trajectories, dataset, split)
+            self.files = self.files[: len(traj_counts)]
         first = self.files[0]
         for wf in self.files[1:]:
             if wf.field_names != first.field_names or wf.spatial_shape != first.spatial_shape:
@@ -131,14 +138,13 @@ class WellDataset(Dataset):
             self._windows_per_traj.append(n)
         for wf, sel in zip(self.files, self.selections):
             wf.check_read_size(sel, self.window_length, self.max_sample_bytes)
-        counts = [wf.n_trajectories * n for wf, n in zip(self.files, self._windows_per_traj)]
+        counts = [t * n for t, n in zip(traj_counts, self._windows_per_traj)]
         if sum(counts) > MAX_WINDOWS:
             raise ValueError(
                 f"{join(self.root, dataset, 'data', split)}: the files declare {sum(counts):,} "
                 f"windows, more than the {MAX_WINDOWS:,} one split may hold"
             )
         self._offsets = np.cumsum([0, *counts]).tolist()
-        traj_counts = [wf.n_trajectories for wf in self.files]
         self._traj_offsets = np.cumsum([0, *traj_counts]).tolist()
         self._handles: dict[Location, h5py.File] = {}
         self._pid = os.getpid()
@@ -270,6 +276,28 @@ class WellDataset(Dataset):
                 f"for {n} from frame {start} (need more than n_steps_input={self.n_steps_input})"
             )
         return self._read_batch(k, traj, start * stride, n, stride)
+
+
+def _first_trajectories(counts: Sequence[int], n: int, dataset: str, split: str) -> list[int]:
+    """Trajectories taken from each file (``counts``: each file's) to serve the first ``n``;
+    files past the ``n``-th trajectory are left off the list.
+
+    Raises:
+        ValueError: ``n`` is below 1 or more than the split holds (one line naming
+            ``data.train_trajectories``).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= sum(counts):
+        raise ValueError(
+            f"data.train_trajectories={n!r}: the {split} split of {dataset} holds {sum(counts)} "
+            f"trajectories; give a whole number from 1 to {sum(counts)}, or null for all"
+        )
+    taken: list[int] = []
+    for c in counts:
+        if n <= 0:
+            break
+        taken.append(min(c, n))
+        n -= taken[-1]
+    return taken
 
 
 def evenly_spaced(n: int, k: int | None) -> list[int]:

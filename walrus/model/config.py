@@ -38,7 +38,7 @@ _INTS = {
 }
 _FLOATS = {"mlp_ratio", "drop_path", "input_drop", "layer_scale_init", "rope_max_freq"}
 _BOOLS = {"causal", "jitter", "latent_roll", "grad_checkpointing", "fused", "decoder_overlap"}
-_STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder", "noise_scope"}
+_STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder", "field_embedding", "noise_scope"}
 _INT_LISTS = {"kernel_sizes": 2, "target_latent": 3, "include_d": None, "flag_fields": 3}
 _PAIR_LISTS = {"stride_options", "strides"}
 _OPTIONAL = {"intermediate_dim", "strides", "compat"}
@@ -46,6 +46,7 @@ _OPTIONAL = {"intermediate_dim", "strides", "compat"}
 # no real model comes near it); floats must be finite
 MAX_SIZE = 2**31 - 1
 ENCODERS = ("conv", "patch")
+FIELD_EMBEDDINGS = ("columns", "shared")
 NOISE_SCOPES = ("sample", "token")
 
 
@@ -187,6 +188,12 @@ class WalrusConfig:
         decoder_overlap: with ``encoder="patch"``, the decoder's last stage has a kernel twice
             its stride (``2 * kernel_sizes[0]``, centred, overlap-added, wrapped around on
             periodic axes), so neighbouring output patches blend instead of meeting at seams.
+        field_embedding: ``"columns"``: one learned embedding column per vocabulary field (the
+            default). ``"shared"``: one shared lift modulated by a learned identity vector per
+            field (:class:`~walrus.model.field_embedding.SharedFieldEmbedding`); a field new to a
+            fine-tune starts from the identities of the checkpoint's fields
+            (:meth:`~walrus.model.walrus.Walrus.init_new_fields`). The decoder keeps one output
+            row per field either way. This project's profile only.
         noise_dim: width of the Gaussian noise added to every latent token before the
             processor (through a learned ``noise_dim -> dim`` projection), so one network gives
             many ensemble members; 0 (default) is a deterministic model. Noise is drawn when
@@ -240,6 +247,7 @@ class WalrusConfig:
     fused: bool = True
     encoder: str = "conv"
     decoder_overlap: bool = False
+    field_embedding: str = "columns"
     noise_dim: int = 0
     noise_scope: str = "sample"
     decoder_smoothing: int = 0
@@ -298,6 +306,16 @@ class WalrusConfig:
             raise ValueError(f"kernel_sizes must be positive, got {self.kernel_sizes}")
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder={self.encoder!r} is not known; expected one of {ENCODERS}")
+        if self.field_embedding not in FIELD_EMBEDDINGS:
+            raise ValueError(
+                f"field_embedding={self.field_embedding!r} is not known; expected one of "
+                f"{FIELD_EMBEDDINGS}"
+            )
+        if self.field_embedding == "shared" and self.compat is not None:
+            raise ValueError(
+                f"field_embedding='shared' is not available with compat={self.compat!r}: the "
+                "official profiles keep their per-field columns"
+            )
         if self.encoder == "patch":
             self._check_patch()
         elif self.decoder_overlap or self.decoder_smoothing:

@@ -35,7 +35,7 @@ from walrus.model.blocks import ProcessorBlock, SpatialAttention, TemporalAttent
 from walrus.model.config import WalrusConfig
 from walrus.model.encoder import Decoder, Encoder, FieldEncoder, PatchDecoder, PatchEncoder
 from walrus.model.fast_blocks import run_processor
-from walrus.model.field_embedding import FieldEmbedding
+from walrus.model.field_embedding import FieldEmbedding, SharedFieldEmbedding
 from walrus.model.jitter import AxisPlan, JitterDraws, PatchJitterer, RecordedDraws, flag_jitter
 from walrus.nn.norms import RMSGroupNorm
 from walrus.nn.rope import AxialRoPE
@@ -89,8 +89,12 @@ class Walrus(nn.Module):
             self.encoder_dummy = nn.Parameter(torch.ones(1))  # learned input scale
         else:
             self.encoder_dummy = None
-            self.space_bag = FieldEmbedding(
-                cfg.n_fields, cfg.projection_dim, scale_bias=profile.embedding_scales_bias
+            self.space_bag = (
+                SharedFieldEmbedding(cfg.n_fields, cfg.projection_dim)
+                if self.shared_fields
+                else FieldEmbedding(
+                    cfg.n_fields, cfg.projection_dim, scale_bias=profile.embedding_scales_bias
+                )
             )
             self.patch_jitterer = PatchJitterer(cfg.projection_dim)
         # one encoder/decoder set per included data dimensionality
@@ -143,6 +147,13 @@ class Walrus(nn.Module):
         """Vocabulary size."""
         return self.config.n_fields
 
+    @property
+    def shared_fields(self) -> bool:
+        """Whether fields enter through a shared lift and identity vectors
+        (``field_embedding="shared"``) instead of per-field embedding columns (the decoder keeps
+        one output row per field either way)."""
+        return self.config.field_embedding == "shared"
+
     def num_params(self) -> int:
         """Number of parameters."""
         return sum(p.numel() for p in self.parameters())
@@ -154,7 +165,8 @@ class Walrus(nn.Module):
         Linear layers: truncated normal (std 0.02), zero bias; residual output projections
         (``output_head``, ``attn_out``, ``ff_out``) std ``0.02 / sqrt(2 * depth)`` so a deep stack
         starts near the identity; layer scales at ``layer_scale_init``. Field embedding: std
-        ``1 / sqrt(n_fields)`` (unit-variance output with the ``sqrt(n_fields / C)`` rescale).
+        ``1 / sqrt(n_fields)`` (unit-variance output with the ``sqrt(n_fields / C)`` rescale);
+        the shared one as :meth:`SharedFieldEmbedding.reset_parameters` says.
         Convs (and the patch form's weights): std ``1 / sqrt(fan_in)`` (a transposed conv's
         fan-in counts the inputs reaching one output), except the decoder's field rows (std
         0.02: predictions start near zero delta). Norms: ones (and zero LayerNorm bias). ``encoder_dummy``
@@ -163,7 +175,7 @@ class Walrus(nn.Module):
         small = 0.02 / math.sqrt(2 * self.depth)
         for m in self.modules():
             _init_leaf(m)
-        if self.space_bag is not None:
+        if isinstance(self.space_bag, FieldEmbedding):
             nn.init.normal_(self.space_bag.linear.weight, std=self.n_fields**-0.5)
         if self.encoder_dummy is not None:
             nn.init.ones_(self.encoder_dummy)
@@ -287,7 +299,9 @@ class Walrus(nn.Module):
             raise ValueError(f"resize_vocab: cannot shrink the vocabulary from {old} to {n_fields}")
         if n_fields == old:
             return
-        if self.space_bag is None:
+        if self.shared_fields:
+            self.space_bag.grow(n_fields)
+        elif self.space_bag is None:
             self._resize_field_encoders(old, n_fields)
         else:
             lin = self.space_bag.linear
@@ -312,6 +326,34 @@ class Walrus(nn.Module):
                 grown[:old] = sm
                 dec.smoothing = nn.Parameter(grown)
         self.config = self.config.replace(n_fields=n_fields)
+
+    @torch.no_grad()
+    def init_new_fields(
+        self, new: Sequence[int], known: Sequence[int], spread: float = 1.0
+    ) -> None:
+        """Start the ``new`` vocabulary ids from the identity vectors of the ``known`` ones
+        (``field_embedding="shared"``): their mean plus ``spread`` times their per-entry
+        standard deviation times a standard normal draw (torch's global generator), so a
+        fine-tune's new fields start inside the cloud of fields the checkpoint knows, read by
+        its trained lift, and several new fields still start apart (at one point the encoder
+        would see only their sum). ``spread=0``: exactly the mean. Their decoder rows keep the
+        usual init (predictions start near a zero delta).
+
+        Raises:
+            ValueError: the model has per-field columns, ``known`` is empty, or an id is
+                outside the vocabulary.
+        """
+        if not self.shared_fields:
+            raise ValueError(
+                "init_new_fields needs field_embedding='shared'; per-field columns keep their init"
+            )
+        ids = [int(i) for i in (*new, *known)]
+        if any(not 0 <= i < self.n_fields for i in ids):
+            raise ValueError(f"init_new_fields: ids must be in [0, {self.n_fields}), got {ids}")
+        device = self.space_bag.identity.device
+        new_ids = torch.tensor([int(i) for i in new], dtype=torch.long, device=device)  # (K,)
+        known_ids = torch.tensor([int(i) for i in known], dtype=torch.long, device=device)  # (K',)
+        self.space_bag.init_fields(new_ids, known_ids, spread)
 
     def _resize_field_encoders(self, old: int, n_fields: int) -> None:
         """:meth:`resize_vocab` for the current official layout's :class:`FieldEncoder` s."""
@@ -693,7 +735,9 @@ def _init_leaf(m: nn.Module) -> None:
     elif isinstance(m, nn.LayerNorm):
         nn.init.ones_(m.weight)
         nn.init.zeros_(m.bias)
-    elif isinstance(m, RMSGroupNorm | PatchJitterer) or hasattr(m, "relative_attention_bias"):
+    elif isinstance(m, RMSGroupNorm | PatchJitterer | SharedFieldEmbedding) or hasattr(
+        m, "relative_attention_bias"
+    ):
         m.reset_parameters()
     elif isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d):
         nn.init.normal_(m.weight, std=m.weight[0].numel() ** -0.5)

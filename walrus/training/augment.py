@@ -1,6 +1,6 @@
 """Training augmentations: grid symmetries that turn vector fields with the grid, whole-field
 input dropout and input noise. They act on training samples only (``WalrusModule`` applies
-them; the FNO baseline of ``benchmarks/`` uses the same input noise).
+them; The Well's baselines in ``benchmarks/baselines.py`` use the same symmetries and noise).
 
 Channels follow The Well's flattening (``walrus.data.well_file``): the vector field ``velocity``
 on axes ``x, y`` is the channels ``velocity_x, velocity_y``; a rank-2 tensor field ``stress`` is

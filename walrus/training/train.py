@@ -135,6 +135,54 @@ def _merged_stats(datamodule: Any) -> dict[str, dict[str, float]]:
     return merged
 
 
+ZSCORE = f"{ZScoreNormalizer.__module__}.{ZScoreNormalizer.__name__}"
+
+
+def _run_normalizer(
+    cfg: DictConfig, datamodule: Any, meta: dict | None, resuming: bool, source: str | None
+) -> dict[str, Any]:
+    """The ``normalizer`` argument of the module (empty: ``module.normalizer``).
+
+    ``data.normalization=zscore`` switches the dataset-level z-score on, with the statistics of
+    this run's data (``stats.yaml``); otherwise the per-sample ``module.normalizer`` runs. A
+    fine-tune (``meta``: the source checkpoint's) keeps the kind its weights were trained with:
+    asking for the other kind is refused, a per-sample normaliser is the checkpoint's own, and a
+    z-score one takes this data's statistics. A resumed run reuses the stored normaliser.
+
+    Raises:
+        ValueError: the fine-tune asks for another kind of normalisation than its checkpoint's.
+    """
+    zscore = getattr(datamodule, "normalization", "rms") == "zscore"
+    stored = (meta or {}).get("normalizer")
+    if not stored:
+        return {"normalizer": ZScoreNormalizer(_merged_stats(datamodule))} if zscore else {}
+    if resuming:
+        return {"normalizer": build_normalizer(stored)}
+    kind = stored.get("_target_", "").rsplit(".", 1)[-1]
+    if zscore and stored.get("_target_") != ZSCORE:
+        raise ValueError(
+            f"data.normalization=zscore: {source} was trained with per-sample normalisation "
+            f"({kind}) and a fine-tune keeps it; drop data.normalization=zscore"
+        )
+    if stored.get("_target_") == ZSCORE:
+        if not zscore:
+            raise ValueError(
+                f"data.normalization={datamodule.normalization}: {source} was trained with the "
+                "dataset-level z-score and a fine-tune keeps it; set data.normalization=zscore "
+                "(this data's stats.yaml)"
+            )
+        eps = build_normalizer(stored).eps  # the stored options, checked
+        return {"normalizer": ZScoreNormalizer(_merged_stats(datamodule), eps=eps)}
+    requested = OmegaConf.select(cfg, "module.normalizer")
+    requested = OmegaConf.to_container(requested, resolve=True) if requested else None
+    if requested != stored:
+        rank_zero_info(
+            f"note: the per-sample normaliser comes from {source} ({stored}); "
+            f"module.normalizer ({requested}) is not used"
+        )
+    return {"normalizer": build_normalizer(stored)}
+
+
 def _freeze(model: torch.nn.Module, what: str | None) -> None:
     if what not in FREEZE_OPTIONS:
         raise ValueError(f"finetune.freeze must be one of {FREEZE_OPTIONS}, got {what!r}")
@@ -281,6 +329,7 @@ def _train(
             else f"fine-tune: every field of this data is in the vocabulary of {source}"
         )
 
+    extra = _run_normalizer(cfg, datamodule, meta if finetuned else None, resuming, source)
     model_cfg = _model_config(cfg, meta)
     if meta is None:
         model_cfg["n_fields"] = max(int(model_cfg.get("n_fields", 0)), len(vocab))
@@ -300,6 +349,8 @@ def _train(
             model.resize_vocab(len(vocab))
             model_cfg["n_fields"] = len(vocab)
         model.grow_dims(datamodule.spatial_dims)  # fresh sets for new data dimensionalities
+        if model.shared_fields and added:  # new fields start among the known ones
+            model.init_new_fields(vocab.ids(added).tolist(), list(range(len(base_vocab))))
     elif resuming and any(model.encoder_key(d) is None for d in datamodule.spatial_dims):
         raise ValueError(
             f"cannot resume from {source}: this run's data has {datamodule.spatial_dims}-D "
@@ -313,12 +364,6 @@ def _train(
         )
     _freeze(model, cfg.finetune.get("freeze") if cfg.get("finetune") else None)
 
-    extra = {}
-    if finetuned and meta and meta.get("normalizer"):
-        # A fine-tuned model keeps the normalisation its weights were trained with.
-        extra["normalizer"] = build_normalizer(meta["normalizer"])
-    elif getattr(datamodule, "normalization", "rms") == "zscore":
-        extra["normalizer"] = ZScoreNormalizer(_merged_stats(datamodule))
     module = instantiate(cfg.module)(
         **extra,
         model=model,
