@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 LOSSES = ("mae", "mse")
@@ -33,6 +34,37 @@ def ensemble_crps(members: Tensor, target: Tensor) -> Tensor:
     skill = (x - y).abs().mean(dim=0)  # (*shape)
     spread = sum((x[i] - x[j]).abs() for i in range(k) for j in range(i + 1, k))  # (*shape)
     return (skill - spread / (k * (k - 1))).mean()
+
+
+def pooled_ensemble_crps(members: Tensor, target: Tensor, pool: int) -> Tensor:
+    """CRPS of the members' ``pool``-point block means plus each member's MAE below that scale.
+
+    ``members`` ``(K, B, T, C, *S)``, ``target`` ``(B, T, C, *S)``, every spatial size divisible
+    by ``pool``. Each field splits into its block means (``pool^d`` points, e.g. one patch) and
+    the rest; the block means are scored by :func:`ensemble_crps` (spread is rewarded where it
+    is calibrated), the rest by every member's mean absolute error (members must agree with the
+    truth, hence with each other, below the block scale). Both terms are means over elements.
+    """
+    n_sp = target.ndim - 3
+    if any(n % pool for n in target.shape[3:]):
+        raise ValueError(
+            f"module.crps_pool={pool} must divide every spatial size, got {tuple(target.shape[3:])}"
+        )
+    avg = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[n_sp - 1]
+
+    def coarse(x: Tensor) -> Tensor:  # (..., C, *S) -> (..., C, *S / pool)
+        flat = x.float().reshape(-1, 1, *x.shape[-n_sp:])
+        return avg(flat, pool).reshape(*x.shape[:-n_sp], *[n // pool for n in x.shape[-n_sp:]])
+
+    def fine(x: Tensor, c: Tensor) -> Tensor:  # x minus its block means
+        up = c
+        for a in range(n_sp):
+            up = up.repeat_interleave(pool, dim=up.ndim - n_sp + a)
+        return x.float() - up
+
+    cm, ct = coarse(members), coarse(target)
+    detail = (fine(members, cm) - fine(target, ct)).abs().mean()
+    return ensemble_crps(cm, ct) + detail
 
 
 def ensemble_gradient_crps(members: Tensor, target: Tensor) -> Tensor:

@@ -35,6 +35,7 @@ from walrus.training.losses import (
     ensemble_crps,
     ensemble_gradient_crps,
     gradient_loss,
+    pooled_ensemble_crps,
     normalized_loss,
 )
 from walrus.training.optim import (
@@ -147,6 +148,7 @@ class WalrusModule(pl.LightningModule):
         loss_weighting: str = "none",
         gradient_loss: float = 0.0,
         ensemble_members: int = 1,
+        crps_pool: int = 1,
         augment_symmetry: str = "none",
         augment_pseudo: Sequence[str] = PSEUDO_FIELDS,
         field_dropout: float = 0.0,
@@ -211,6 +213,9 @@ class WalrusModule(pl.LightningModule):
         self.loss_weighting = loss_weighting
         self.gradient_loss = float(gradient_loss)
         self.ensemble_members = ensemble_members
+        if isinstance(crps_pool, bool) or not isinstance(crps_pool, int) or crps_pool < 1:
+            raise ValueError(f"module.crps_pool must be an int >= 1, got {crps_pool!r}")
+        self.crps_pool = crps_pool
         self.symmetry = build_symmetry(augment_symmetry, augment_pseudo)
         self.field_dropout = check_field_dropout(field_dropout)
         self.lr_scales = check_lr_scales(model, lr_scales)
@@ -259,7 +264,10 @@ class WalrusModule(pl.LightningModule):
             w = (stats.delta_scale / (delta_rms(window) + 1e-12)).detach()  # (B, 1, C, 1, ...)
             pred, target = pred * w, target * w
         if pred.ndim == target.ndim + 1:  # members: CRPS of values (and of differences)
-            loss = ensemble_crps(pred, target)
+            if self.crps_pool > 1:
+                loss = pooled_ensemble_crps(pred, target, self.crps_pool)
+            else:
+                loss = ensemble_crps(pred, target)
             if self.gradient_loss > 0:
                 loss = loss + self.gradient_loss * ensemble_gradient_crps(pred, target)
             return loss
