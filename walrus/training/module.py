@@ -35,8 +35,8 @@ from walrus.training.losses import (
     ensemble_crps,
     ensemble_gradient_crps,
     gradient_loss,
-    pooled_ensemble_crps,
     normalized_loss,
+    pooled_ensemble_crps,
 )
 from walrus.training.optim import (
     OptimizerFactory,
