@@ -282,3 +282,22 @@ def test_the_ensemble_study_reads_the_criteria_off_the_scores():
     assert not against["pass"]["mean_no_worse"] and not against["pass"]["crps_0.8_mae"]
     table = markdown({"candidates": {"crps": {"verdicts": v}}})
     assert "| crps | 1 | 0.9 | 1.5 | 0.5 | 0.8 | 1.6 (u mid) | 30 (u) |" in table
+
+
+def test_pooled_crps_charges_grid_scale_spread_that_the_plain_crps_lets_through():
+    from walrus.training.losses import pooled_ensemble_crps
+
+    y = torch.randn(2, 1, 1, 8, 8, generator=torch.Generator().manual_seed(0))  # (B, T, C, *S)
+    checker = (torch.arange(8)[:, None] + torch.arange(8)[None, :]) % 2 * 2.0 - 1.0  # mean 0
+    members = torch.stack([y + 0.3 * checker, y - 0.3 * checker])  # (K, B, T, C, *S)
+    # members straddling the truth at every point: the plain CRPS is 0.3 - 0.6 / 2 = 0
+    assert ensemble_crps(members, y).item() == pytest.approx(0.0, abs=1e-6)
+    # their 4-point block means agree with the truth's; below that scale each is 0.3 off
+    assert pooled_ensemble_crps(members, y, 4).item() == pytest.approx(0.3, abs=1e-6)
+    # spread in the block means is scored by the CRPS: two members 1 apart around the truth
+    shift = torch.stack([y + 0.5, y - 0.5])
+    assert pooled_ensemble_crps(shift, y, 4).item() == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="crps_pool=3 must divide"):
+        pooled_ensemble_crps(members, y, 3)
+    with pytest.raises(ValueError, match="crps_pool"):
+        WalrusModule(_NoisyStep(0.0), optimizer=torch.optim.AdamW, crps_pool=0)
