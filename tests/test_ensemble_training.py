@@ -301,3 +301,13 @@ def test_pooled_crps_charges_grid_scale_spread_that_the_plain_crps_lets_through(
         pooled_ensemble_crps(members, y, 3)
     with pytest.raises(ValueError, match="crps_pool"):
         WalrusModule(_NoisyStep(0.0), optimizer=torch.optim.AdamW, crps_pool=0)
+
+
+def test_almost_fair_crps_charges_two_members_for_straddling_the_truth_far_apart():
+    y = torch.zeros(5)
+    for d in (0.5, 2.0):
+        pair = torch.stack([y - d, y + d])
+        assert ensemble_crps(pair, y).item() == pytest.approx(0.0)  # fair: flat in d
+        assert ensemble_crps(pair, y, alpha=0.95).item() == pytest.approx(0.05 * d)
+    with pytest.raises(ValueError, match="crps_alpha"):
+        WalrusModule(_NoisyStep(0.0), optimizer=torch.optim.AdamW, crps_alpha=0.0)

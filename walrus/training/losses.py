@@ -19,13 +19,16 @@ def normalized_loss(pred: Tensor, target: Tensor, kind: str = "mae") -> Tensor:
     raise ValueError(f"unknown loss {kind!r}; expected one of {LOSSES}")
 
 
-def ensemble_crps(members: Tensor, target: Tensor) -> Tensor:
+def ensemble_crps(members: Tensor, target: Tensor, alpha: float = 1.0) -> Tensor:
     """The fair (finite-ensemble unbiased) CRPS of ``K >= 2`` members, mean over elements.
 
     ``members`` is ``(K, *shape)``, ``target`` ``(*shape)``. Per element
-    ``mean_i |x_i - y| - sum_{i<j} |x_i - x_j| / (K (K - 1))``: the expected CRPS of the
-    distribution the members are drawn from. With identical members it is their MAE; the
-    second term rewards members that differ as much as the truth differs from them.
+    ``mean_i |x_i - y| - alpha * sum_{i<j} |x_i - x_j| / (K (K - 1))``; ``alpha = 1`` is the
+    fair CRPS, the expected CRPS of the distribution the members are drawn from. With
+    identical members it is their MAE; the second term rewards members that differ as much as
+    the truth differs from them. With few members the fair score is flat in how far apart
+    members lie that straddle the truth (for K = 2 it is 0 whenever ``x_1 < y < x_2``);
+    ``alpha < 1`` (the "almost fair" CRPS) makes that distance cost ``1 - alpha`` per unit.
     """
     k = members.shape[0]
     if k < 2:
@@ -33,10 +36,10 @@ def ensemble_crps(members: Tensor, target: Tensor) -> Tensor:
     x, y = members.float(), target.float()
     skill = (x - y).abs().mean(dim=0)  # (*shape)
     spread = sum((x[i] - x[j]).abs() for i in range(k) for j in range(i + 1, k))  # (*shape)
-    return (skill - spread / (k * (k - 1))).mean()
+    return (skill - alpha * spread / (k * (k - 1))).mean()
 
 
-def pooled_ensemble_crps(members: Tensor, target: Tensor, pool: int) -> Tensor:
+def pooled_ensemble_crps(members: Tensor, target: Tensor, pool: int, alpha: float = 1.0) -> Tensor:
     """CRPS of the members' ``pool``-point block means plus each member's MAE below that scale.
 
     ``members`` ``(K, B, T, C, *S)``, ``target`` ``(B, T, C, *S)``, every spatial size divisible
@@ -64,10 +67,10 @@ def pooled_ensemble_crps(members: Tensor, target: Tensor, pool: int) -> Tensor:
 
     cm, ct = coarse(members), coarse(target)
     detail = (fine(members, cm) - fine(target, ct)).abs().mean()
-    return ensemble_crps(cm, ct) + detail
+    return ensemble_crps(cm, ct, alpha) + detail
 
 
-def ensemble_gradient_crps(members: Tensor, target: Tensor) -> Tensor:
+def ensemble_gradient_crps(members: Tensor, target: Tensor, alpha: float = 1.0) -> Tensor:
     """:func:`ensemble_crps` of the members' spatial differences against the target's.
 
     ``members`` ``(K, B, T, C, *S)``, ``target`` ``(B, T, C, *S)``; averaged over the spatial
@@ -77,7 +80,7 @@ def ensemble_gradient_crps(members: Tensor, target: Tensor) -> Tensor:
     axes = [a for a in range(3, target.ndim) if target.shape[a] > 1]
     if not axes:
         return target.new_zeros((), dtype=torch.float32)
-    terms = [ensemble_crps(members.diff(dim=a + 1), target.diff(dim=a)) for a in axes]
+    terms = [ensemble_crps(members.diff(dim=a + 1), target.diff(dim=a), alpha) for a in axes]
     return sum(terms) / len(terms)
 
 

@@ -108,6 +108,9 @@ class WalrusModule(pl.LightningModule):
             (``model.noise_dim > 0``) the members share one jitter draw and differ by their
             noise alone. Needs ``loss="mae"`` and
             ``rollout_mode="one_step"``; costs ``K`` forward and backward passes per sample.
+        crps_alpha: weight of the CRPS's spread term (1: the fair CRPS; the default 0.95 is
+            the "almost fair" CRPS: with two members the fair score does not care how far
+            apart two members that straddle the truth are, and they drift apart).
         augment_symmetry: ``"none"`` or ``"d4"``: turn each training sample, inputs and targets
             alike, by a random 90-degree rotation or reflection of the grid (rotations only
             among axes of equal length), vector components and boundary conditions with it
@@ -149,6 +152,7 @@ class WalrusModule(pl.LightningModule):
         gradient_loss: float = 0.0,
         ensemble_members: int = 1,
         crps_pool: int = 1,
+        crps_alpha: float = 0.95,
         augment_symmetry: str = "none",
         augment_pseudo: Sequence[str] = PSEUDO_FIELDS,
         field_dropout: float = 0.0,
@@ -216,6 +220,9 @@ class WalrusModule(pl.LightningModule):
         if isinstance(crps_pool, bool) or not isinstance(crps_pool, int) or crps_pool < 1:
             raise ValueError(f"module.crps_pool must be an int >= 1, got {crps_pool!r}")
         self.crps_pool = crps_pool
+        if isinstance(crps_alpha, bool) or not 0.0 < crps_alpha <= 1.0:
+            raise ValueError(f"module.crps_alpha must be in (0, 1], got {crps_alpha!r}")
+        self.crps_alpha = float(crps_alpha)
         self.symmetry = build_symmetry(augment_symmetry, augment_pseudo)
         self.field_dropout = check_field_dropout(field_dropout)
         self.lr_scales = check_lr_scales(model, lr_scales)
@@ -264,12 +271,13 @@ class WalrusModule(pl.LightningModule):
             w = (stats.delta_scale / (delta_rms(window) + 1e-12)).detach()  # (B, 1, C, 1, ...)
             pred, target = pred * w, target * w
         if pred.ndim == target.ndim + 1:  # members: CRPS of values (and of differences)
+            a = self.crps_alpha
             if self.crps_pool > 1:
-                loss = pooled_ensemble_crps(pred, target, self.crps_pool)
+                loss = pooled_ensemble_crps(pred, target, self.crps_pool, a)
             else:
-                loss = ensemble_crps(pred, target)
+                loss = ensemble_crps(pred, target, a)
             if self.gradient_loss > 0:
-                loss = loss + self.gradient_loss * ensemble_gradient_crps(pred, target)
+                loss = loss + self.gradient_loss * ensemble_gradient_crps(pred, target, a)
             return loss
         loss = normalized_loss(pred, target, self.loss_kind)
         if self.gradient_loss > 0:
