@@ -99,10 +99,13 @@ def predict_next(
     if max_delta_scale is not None:
         stats.delta_scale = torch.minimum(stats.delta_scale, max_delta_scale)
     x = stats.normalize(window)  # (B, T, C, *spatial)
+    # a noisy model's draws share the step's latent noise: the mean is over jitter alone
+    noise = {"noise_seed": jitter_seed} if getattr(model, "noisy", False) else {}
     out = model(x, field_ids, bcs, jitter_seed=jitter_seed)
     check_stop()  # a command's SIGTERM/SIGINT stops it within one model call
     for k in range(1, draws):  # the mean over jitter draws
-        out = out + model(x, field_ids, bcs, jitter_seed=jitter_seed + k * DRAW_SEED_STRIDE)
+        seed = jitter_seed + k * DRAW_SEED_STRIDE
+        out = out + model(x, field_ids, bcs, jitter_seed=seed, **noise)
         check_stop()
     if draws > 1:
         out = out / draws

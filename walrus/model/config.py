@@ -33,10 +33,12 @@ _INTS = {
     "groups",
     "rel_pos_buckets",
     "rel_pos_max_distance",
+    "noise_dim",
+    "decoder_smoothing",
 }
 _FLOATS = {"mlp_ratio", "drop_path", "input_drop", "layer_scale_init", "rope_max_freq"}
 _BOOLS = {"causal", "jitter", "latent_roll", "grad_checkpointing", "fused", "decoder_overlap"}
-_STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder", "field_embedding"}
+_STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder", "field_embedding", "noise_scope"}
 _INT_LISTS = {"kernel_sizes": 2, "target_latent": 3, "include_d": None, "flag_fields": 3}
 _PAIR_LISTS = {"stride_options", "strides"}
 _OPTIONAL = {"intermediate_dim", "strides", "compat"}
@@ -45,6 +47,7 @@ _OPTIONAL = {"intermediate_dim", "strides", "compat"}
 MAX_SIZE = 2**31 - 1
 ENCODERS = ("conv", "patch")
 FIELD_EMBEDDINGS = ("columns", "shared")
+NOISE_SCOPES = ("sample", "token")
 
 
 def _short(value: Any) -> str:
@@ -191,6 +194,16 @@ class WalrusConfig:
             fine-tune starts from the identities of the checkpoint's fields
             (:meth:`~walrus.model.walrus.Walrus.init_new_fields`). The decoder keeps one output
             row per field either way. This project's profile only.
+        noise_dim: width of the Gaussian noise added to every latent token before the
+            processor (through a learned ``noise_dim -> dim`` projection), so one network gives
+            many ensemble members; 0 (default) is a deterministic model. Noise is drawn when
+            jitter is (training, or a ``jitter_seed`` / ``generator`` given to ``forward``).
+        noise_scope: ``"sample"``: one noise vector per sample, added to all its tokens (the
+            processor turns it into spatially coherent perturbations); ``"token"``: a vector
+            per token and frame (perturbations then follow the patch grid).
+        decoder_smoothing: with ``encoder="patch"``, an odd kernel size ``k`` of a learned
+            per-field smoothing filter after the decoder (residual, ``k^d`` taps per field,
+            starting at the identity); 0 (default) is off.
     """
 
     # Options a fine-tune (``init_from=``) or a resumed run may take from the current config;
@@ -235,6 +248,9 @@ class WalrusConfig:
     encoder: str = "conv"
     decoder_overlap: bool = False
     field_embedding: str = "columns"
+    noise_dim: int = 0
+    noise_scope: str = "sample"
+    decoder_smoothing: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -302,8 +318,8 @@ class WalrusConfig:
             )
         if self.encoder == "patch":
             self._check_patch()
-        elif self.decoder_overlap:
-            raise ValueError("decoder_overlap applies to encoder='patch' only")
+        elif self.decoder_overlap or self.decoder_smoothing:
+            raise ValueError("decoder_overlap and decoder_smoothing apply to encoder='patch' only")
         else:
             for s1, s2 in self.stride_options + (self.strides or ()):
                 if s1 > self.kernel_sizes[0] or s2 > self.kernel_sizes[1]:
@@ -315,6 +331,12 @@ class WalrusConfig:
         if not self.include_d or not set(self.include_d) <= {1, 2, 3}:
             raise ValueError(
                 f"include_d must be a non-empty subset of (1, 2, 3), got {list(self.include_d)}"
+            )
+        if self.noise_dim < 0:
+            raise ValueError(f"noise_dim must be an int >= 0, got {self.noise_dim}")
+        if self.noise_scope not in NOISE_SCOPES:
+            raise ValueError(
+                f"noise_scope={self.noise_scope!r} is not known; expected one of {NOISE_SCOPES}"
             )
         if self.rope_max_freq <= 0 or self.rel_pos_buckets < 1 or self.rel_pos_max_distance < 1:
             raise ValueError(
@@ -340,6 +362,9 @@ class WalrusConfig:
             raise ValueError(
                 "strides does not apply to encoder='patch': its kernel_sizes are the strides"
             )
+        k = self.decoder_smoothing
+        if k < 0 or (k and (k % 2 == 0 or k > 15)):
+            raise ValueError(f"decoder_smoothing must be 0 or an odd int in 3..15, got {k}")
 
     @property
     def mlp_dim(self) -> int:

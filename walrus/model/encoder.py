@@ -401,10 +401,16 @@ class PatchDecoder(nn.Module):
     axis is periodic, dropped elsewhere (a transposed conv with padding ``s1 // 2``, circular
     on periodic axes). Neighbouring patches then blend instead of meeting at seams.
 
+    With ``smoothing = k`` (odd), each field's output is then filtered by its own learned
+    ``k^d`` kernel, residually (``y + conv(y, w_field)``; ``w`` starts at zero, so the decoder
+    starts as without it); periodic unpadded axes wrap around, the others repeat their edge.
+    On an axis of size 1 the kernel is summed over that axis.
+
     Args:
         dim, inter_dim, kernels, n_dims, groups, norm_eps: as :class:`PatchEncoder`.
         n_fields: vocabulary size.
         overlap: last-stage kernel ``2 * s1`` instead of ``s1``.
+        smoothing: kernel size of the per-field smoothing filter (0: none).
     """
 
     def __init__(
@@ -417,10 +423,15 @@ class PatchDecoder(nn.Module):
         groups: int,
         norm_eps: float = 1e-6,
         overlap: bool = False,
+        smoothing: int = 0,
     ):
         super().__init__()
         s1, s2 = kernels
         self.kernels, self.n_dims, self.overlap = (s1, s2), n_dims, overlap
+        # (n_fields, 1, *[k] * d) residual depthwise kernels, zero: the identity at start
+        self.smoothing = (
+            nn.Parameter(torch.zeros(n_fields, 1, *[smoothing] * n_dims)) if smoothing else None
+        )
         conv_t = CONV_T_ND[n_dims]
         self.proj1 = conv_t(dim, inter_dim, s2, stride=s2, bias=False)
         self.norm1 = RMSGroupNorm(inter_dim, groups, norm_eps, channels_last=True)
@@ -463,14 +474,33 @@ class PatchDecoder(nn.Module):
             h = h.view(n, *grid, *[s2] * k, inter).permute(*perm)
             h = h.reshape(n, inter, *[g * s2 for g in grid])
             wrap = [False] * k if wrap is None else wrap
-            return _overlap_transposed(h, w2, self.proj2.bias[fields], s1, wrap)
+            y = _overlap_transposed(h, w2, self.proj2.bias[fields], s1, wrap)
+            return self._smooth(y, fields, act, wrap)
         bias = self.proj2.bias[fields].repeat_interleave(s1**k)  # (C * s1^k,)
         y = torch.addmm(bias, h, w2.reshape(inter, -1))  # (N * G * s2^k, C * s1^k)
         # (N, *g, *[s2] * k, C, *[s1] * k) -> (N, C, g1, s2, s1, g2, s2, s1, ...)
         y = y.view(n, *grid, *[s2] * k, c, *[s1] * k)
         perm = [v for i in range(k) for v in (1 + i, 1 + k + i, 2 + 2 * k + i)]
         y = y.permute(0, 1 + 2 * k, *perm)
-        return y.reshape(n, c, *[g * s1 * s2 for g in grid])
+        y = y.reshape(n, c, *[g * s1 * s2 for g in grid])  # (N, C, *padded)
+        return self._smooth(y, fields, act, wrap)
+
+    def _smooth(
+        self, y: Tensor, fields: Tensor, active: Sequence[bool], wrap: Sequence[bool] | None
+    ) -> Tensor:
+        """``y + conv(y, w_field)`` per field (``y`` ``(N, C, *L)``); ``y`` without smoothing."""
+        if self.smoothing is None:
+            return y
+        k = y.ndim - 2
+        w = _squeeze_kernel(self.smoothing[fields], active)  # (C, 1, *[ks] * k)
+        half = w.shape[-1] // 2
+        wrap = [False] * k if wrap is None else wrap
+        padded = y
+        for i, w_i in enumerate(wrap):  # pad axis 2 + i only (F.pad lists the last axis first)
+            pad = [0] * (2 * k)
+            pad[2 * (k - 1 - i)] = pad[2 * (k - 1 - i) + 1] = half
+            padded = F.pad(padded, pad, mode="circular" if w_i else "replicate")
+        return y + CONV[k](padded, w.to(y.dtype), groups=y.shape[1])  # (N, C, *L)
 
 
 def _overlap_transposed(

@@ -13,6 +13,10 @@ every processor block (cumulated, rolled back after the last block). The padding
 only on the configuration, so the latent grid is the same in training and evaluation. Draws
 come from a CPU generator (Python ints, no device sync), in a fixed order: one patch shift per
 strided axis, then one roll per periodic axis per block.
+
+Latent noise (``noise_dim > 0``): Gaussian noise (one vector per sample, or per token with
+``noise_scope="token"``), projected to ``D``, is added to every latent token before the processor under the same condition (training, or a seed / generator given),
+so each seed gives one ensemble member; without a seed evaluation stays deterministic.
 """
 
 from __future__ import annotations
@@ -127,6 +131,7 @@ class Walrus(nn.Module):
             for r in rates
         )
         self.debed = nn.ModuleDict({str(d): self._new_decoder(d) for d in self.include_d})
+        self.noise_proj = nn.Linear(cfg.noise_dim, dim, bias=False) if cfg.noise_dim else None
         self.rope = AxialRoPE(dim // heads, cfg.rope_max_freq)
         self.initialize_weights()
 
@@ -200,7 +205,13 @@ class Walrus(nn.Module):
         cfg, profile = self.config, self.profile
         if self.patch:
             args = (cfg.dim, cfg.intermediate_dim, cfg.n_fields, self.kernel_sizes, n_dims)
-            return PatchDecoder(*args, cfg.groups, profile.norm_eps, overlap=cfg.decoder_overlap)
+            return PatchDecoder(
+                *args,
+                cfg.groups,
+                profile.norm_eps,
+                overlap=cfg.decoder_overlap,
+                smoothing=cfg.decoder_smoothing,
+            )
         return Decoder(
             cfg.dim,
             cfg.intermediate_dim,
@@ -309,6 +320,11 @@ class Walrus(nn.Module):
             b[:old] = p.bias
             p.weight, p.bias = nn.Parameter(w), nn.Parameter(b)
             p.out_channels = n_fields
+            sm = getattr(dec, "smoothing", None)
+            if sm is not None:  # new fields start unsmoothed
+                grown = sm.new_zeros(n_fields, *sm.shape[1:])
+                grown[:old] = sm
+                dec.smoothing = nn.Parameter(grown)
         self.config = self.config.replace(n_fields=n_fields)
 
     @torch.no_grad()
@@ -521,6 +537,26 @@ class Walrus(nn.Module):
         padded = [n + p.lo + p.hi for n, p in zip(lengths, plans)]
         return padded, strides, [p.periodic for p in plans]
 
+    @property
+    def noisy(self) -> bool:
+        """Whether the model draws latent noise (``noise_dim > 0``)."""
+        return self.noise_proj is not None
+
+    def _latent_noise(
+        self, z: Tensor, seed: int | None, generator: torch.Generator | None
+    ) -> Tensor:
+        """Standard normal ``(B, 1, 1, noise_dim)`` (``noise_scope="sample"``) or
+        ``(B, T, S, noise_dim)`` (``"token"``) for the latent ``z`` ``(B, T, S, D)``: from
+        ``seed`` (its own stream, apart from the jitter's), else ``generator``, else the global
+        generator."""
+        lead = z.shape[:-1] if self.config.noise_scope == "token" else (z.shape[0], 1, 1)
+        shape = (*lead, self.noise_proj.in_features)
+        if seed is not None:
+            generator = torch.Generator().manual_seed(seed ^ NOISE_SEED_SALT)
+        if generator is None:
+            return torch.randn(shape, device=z.device, dtype=z.dtype)
+        return torch.randn(shape, generator=generator).to(z)
+
     def _jitter_draws(
         self, seed: int | None, generator: torch.Generator | None
     ) -> JitterDraws | None:
@@ -588,6 +624,7 @@ class Walrus(nn.Module):
         *,
         jitter_seed: int | None = None,
         generator: torch.Generator | None = None,
+        noise_seed: int | None = None,
     ) -> Tensor:
         """Predict normalised frame deltas.
 
@@ -599,6 +636,10 @@ class Walrus(nn.Module):
                 or a nested list. Best kept on the CPU (a device tensor costs one sync).
             jitter_seed: activate jitter (also in eval mode) and draw it from this seed.
             generator: activate jitter (also in eval mode) and draw it from this CPU generator.
+            noise_seed: with ``noise_dim > 0``, draw the latent noise from this seed (also in
+                eval mode) instead of from the jitter's seed or generator: calls that share it
+                share their noise whatever their jitter (one ensemble member averaged over
+                jitter draws).
 
         Returns:
             Causal: ``(B, T, C, *spatial)``, output ``t`` is the normalised delta from frame ``t``
@@ -652,6 +693,14 @@ class Walrus(nn.Module):
             grid[i] = n
         s = math.prod(latent)
         z = z.movedim(1, -1).contiguous().view(b, t, s, self.dim)  # (B, T, S, D) contiguous
+        if self.noise_proj is not None and (
+            self.training
+            or jitter_seed is not None
+            or generator is not None
+            or noise_seed is not None
+        ):
+            seed = noise_seed if noise_seed is not None else jitter_seed
+            z = z + self.noise_proj(self._latent_noise(z, seed, generator))
         rope = self.rope.tables(tuple(grid), z.device, z.dtype)
         periodic = [i for i, p in zip(act_axes, plans) if p.periodic]
         ropes = self._block_ropes(rope, grid, periodic, draws)
@@ -672,6 +721,9 @@ class Walrus(nn.Module):
             y = y + tie.to(y.dtype)
         y = PatchJitterer.unjitter(y, plans)  # (B*T', C, *sp)
         return y.reshape(b, t_out, c, *spatial)
+
+
+NOISE_SEED_SALT = 0x5EED_0F_2  # latent noise of jitter seed s is drawn from seed s ^ this
 
 
 def _init_leaf(m: nn.Module) -> None:

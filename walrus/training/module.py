@@ -30,7 +30,14 @@ from walrus.training.augment import (
 )
 from walrus.training.budget import BudgetCallback
 from walrus.training.checkpointing import settle_epoch_progress
-from walrus.training.losses import LOSSES, gradient_loss, normalized_loss
+from walrus.training.losses import (
+    LOSSES,
+    ensemble_crps,
+    ensemble_gradient_crps,
+    gradient_loss,
+    normalized_loss,
+    pooled_ensemble_crps,
+)
 from walrus.training.optim import (
     OptimizerFactory,
     SchedulerFactory,
@@ -92,6 +99,18 @@ class WalrusModule(pl.LightningModule):
         gradient_loss: weight of a second loss term on the spatial differences of the error
             (:func:`~walrus.training.losses.gradient_loss`, same ``loss`` kind and weighting;
             0: off). It penalises grid-scale error such as seams between decoder patches.
+        ensemble_members: ``K``; above 1 the model runs ``K`` times on each training input
+            (each run draws its own jitter and, with ``model.noise_dim``, latent noise) and the
+            loss is the members' fair CRPS (:func:`~walrus.training.losses.ensemble_crps`, in
+            ``loss="mae"`` units) instead of the MAE: training for a calibrated ensemble;
+            ``gradient_loss`` then weighs the CRPS of the members' spatial differences
+            (:func:`~walrus.training.losses.ensemble_gradient_crps`). With latent noise
+            (``model.noise_dim > 0``) the members share one jitter draw and differ by their
+            noise alone. Needs ``loss="mae"`` and
+            ``rollout_mode="one_step"``; costs ``K`` forward and backward passes per sample.
+        crps_alpha: weight of the CRPS's spread term (1: the fair CRPS; the default 0.95 is
+            the "almost fair" CRPS: with two members the fair score does not care how far
+            apart two members that straddle the truth are, and they drift apart).
         augment_symmetry: ``"none"`` or ``"d4"``: turn each training sample, inputs and targets
             alike, by a random 90-degree rotation or reflection of the grid (rotations only
             among axes of equal length), vector components and boundary conditions with it
@@ -131,6 +150,9 @@ class WalrusModule(pl.LightningModule):
         rollout_curriculum: float = 0.0,
         loss_weighting: str = "none",
         gradient_loss: float = 0.0,
+        ensemble_members: int = 1,
+        crps_pool: int = 1,
+        crps_alpha: float = 0.95,
         augment_symmetry: str = "none",
         augment_pseudo: Sequence[str] = PSEUDO_FIELDS,
         field_dropout: float = 0.0,
@@ -169,6 +191,15 @@ class WalrusModule(pl.LightningModule):
             raise ValueError(f"module.input_noise must be >= 0, got {input_noise!r}")
         if isinstance(gradient_loss, bool) or not gradient_loss >= 0:
             raise ValueError(f"module.gradient_loss must be a number >= 0, got {gradient_loss!r}")
+        if isinstance(ensemble_members, bool) or not isinstance(ensemble_members, int):
+            raise ValueError(f"module.ensemble_members must be an int, got {ensemble_members!r}")
+        if not 1 <= ensemble_members <= 64:
+            raise ValueError(f"module.ensemble_members must be in 1..64, got {ensemble_members}")
+        if ensemble_members > 1 and (loss != "mae" or rollout_mode != "one_step"):
+            raise ValueError(
+                f"module.ensemble_members={ensemble_members} (CRPS training) needs loss=mae and "
+                f"rollout_mode=one_step; got loss={loss}, rollout_mode={rollout_mode}"
+            )
         self.model = model
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
@@ -185,6 +216,13 @@ class WalrusModule(pl.LightningModule):
         self.rollout_curriculum = rollout_curriculum
         self.loss_weighting = loss_weighting
         self.gradient_loss = float(gradient_loss)
+        self.ensemble_members = ensemble_members
+        if isinstance(crps_pool, bool) or not isinstance(crps_pool, int) or crps_pool < 1:
+            raise ValueError(f"module.crps_pool must be an int >= 1, got {crps_pool!r}")
+        self.crps_pool = crps_pool
+        if isinstance(crps_alpha, bool) or not 0.0 < crps_alpha <= 1.0:
+            raise ValueError(f"module.crps_alpha must be in (0, 1], got {crps_alpha!r}")
+        self.crps_alpha = float(crps_alpha)
         self.symmetry = build_symmetry(augment_symmetry, augment_pseudo)
         self.field_dropout = check_field_dropout(field_dropout)
         self.lr_scales = check_lr_scales(model, lr_scales)
@@ -227,10 +265,20 @@ class WalrusModule(pl.LightningModule):
 
     def _loss(self, pred: Tensor, target: Tensor, window: Tensor, stats: Any) -> Tensor:
         """Loss in normalised space, weighted as ``loss_weighting`` says, plus
-        ``gradient_loss`` times the loss of the error's spatial differences."""
+        ``gradient_loss`` times the loss of the error's spatial differences. ``pred`` is
+        ``(B, T', C, *S)``, or ``(K, B, T', C, *S)`` members scored by their CRPS."""
         if self.loss_weighting == "delta_rms" and self.predict_delta and window.shape[1] > 1:
             w = (stats.delta_scale / (delta_rms(window) + 1e-12)).detach()  # (B, 1, C, 1, ...)
             pred, target = pred * w, target * w
+        if pred.ndim == target.ndim + 1:  # members: CRPS of values (and of differences)
+            a = self.crps_alpha
+            if self.crps_pool > 1:
+                loss = pooled_ensemble_crps(pred, target, self.crps_pool, a)
+            else:
+                loss = ensemble_crps(pred, target, a)
+            if self.gradient_loss > 0:
+                loss = loss + self.gradient_loss * ensemble_gradient_crps(pred, target, a)
+            return loss
         loss = normalized_loss(pred, target, self.loss_kind)
         if self.gradient_loss > 0:
             loss = loss + self.gradient_loss * gradient_loss(pred, target, self.loss_kind)
@@ -313,13 +361,36 @@ class WalrusModule(pl.LightningModule):
                     x_n = x_n * keep  # dropped fields read 0; targets stay as they are
                 if j == 0 and self.predict_delta:  # later steps: capped as in a rollout
                     cap = stats.delta_scale.detach()
-                pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
-                if grad:
-                    losses.append(self._loss(pred, target, window, stats))
+                if grad and self.ensemble_members > 1 and self.training:
+                    members = self._members(x_n, batch)  # (K, B, T', C, *S)
+                    losses.append(self._loss(members, target, window, stats))
+                    pred = members[0]
+                else:
+                    pred = self(x_n, batch.field_ids, batch.bcs)  # (B, T', C, *S)
+                    if grad:
+                        losses.append(self._loss(pred, target, window, stats))
                 if j < k - 1:
                     nxt = self._next_frame(window, pred[:, -1:].float(), stats)
                     window = torch.cat([window[:, 1:], nxt.to(window.dtype)], dim=1)
         return torch.stack(losses).mean() * self.loss_multiplier
+
+    def _members(self, x: Tensor, batch: Batch) -> Tensor:
+        """``ensemble_members`` predictions ``(K, B, T', C, *S)`` of the normalised input ``x``.
+
+        A model with latent noise (``noisy``) runs every member under one shared jitter draw
+        and its own noise, so the spread it learns comes from the noise, not from where the
+        patch grid falls; a model without noise gives members that differ by their jitter.
+        """
+        k = self.ensemble_members
+        if not getattr(self.model, "noisy", False):
+            return torch.stack([self(x, batch.field_ids, batch.bcs) for _ in range(k)])
+        seed = int(torch.randint(0, 2**62, (1,)).item())  # global CPU generator: no sync
+        return torch.stack(
+            [
+                self.model(x, batch.field_ids, batch.bcs, jitter_seed=seed, noise_seed=seed + 1 + i)
+                for i in range(k)
+            ]
+        )
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self._rollout_loss(batch)
