@@ -13,7 +13,9 @@ Each condition runs under two OpenMP wait policies, interleaved round by round:
 * ``spin``: ``GOMP_SPINCOUNT=300000``, libgomp's own default when no policy is set: an idle
   OpenMP thread spins for ~300k iterations before it sleeps (what every run did before the
   entry points chose a policy);
-* ``passive``: no variable set, so the entry points' default (``OMP_WAIT_POLICY=PASSIVE``) applies.
+* ``passive``: no variable set, so the entry points' default (``OMP_WAIT_POLICY=PASSIVE``) applies;
+* ``short``: ``GOMP_SPINCOUNT=10000``: a short spin before sleeping (``--policies`` picks which
+  policies run; the default is ``spin`` and ``passive``).
 
 The figure is each condition's wall time over ``alone`` in the same policy and round; the target
 is at most 2.5x. Competitors run with the user's environment as it was (plain torch spins).
@@ -43,7 +45,11 @@ from benchmarks.common import print_table
 from benchmarks.record import finish_record, run_record, save_result
 
 REPO = Path(__file__).resolve().parents[1]
-POLICIES = {"spin": {"GOMP_SPINCOUNT": "300000"}, "passive": {}}
+POLICIES = {
+    "spin": {"GOMP_SPINCOUNT": "300000"},
+    "passive": {},
+    "short": {"GOMP_SPINCOUNT": "10000"},
+}
 CONDITIONS = ("alone", "torch_loop", "training")
 TORCH_LOOP = (
     "import torch\n"
@@ -144,6 +150,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         choices=CONDITIONS,
         help="competitors to time beside (alone is always timed)",
     )
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=["spin", "passive"],
+        choices=list(POLICIES),
+        help="OpenMP wait policies to compare",
+    )
     args = parser.parse_args(argv)
     record = run_record(sys.argv if argv is None else argv)
     kinds = ["alone", *(k for k in args.conditions if k != "alone")]
@@ -159,11 +172,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         for _ in range(args.rounds):
             for kind in kinds:
-                for policy in POLICIES:
+                for policy in args.policies:
                     runs.append(time_run(policy, kind, data, scratch, args.steps))
                     print(runs[-1], flush=True)
     rows = []
-    for policy in POLICIES:
+    for policy in args.policies:
         alone = statistics.median(
             r["wall_s"] for r in runs if r["policy"] == policy and r["condition"] == "alone"
         )
@@ -174,7 +187,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 {"policy": policy, "condition": kind, "wall_s": wall, "x_alone": wall / alone}
             )
     print_table(rows)
-    result = {"steps": args.steps, "rounds": args.rounds, "runs": runs, "summary": rows}
+    result = {"steps": args.steps, "rounds": args.rounds, "policies": args.policies, "runs": runs,
+              "summary": rows}  # fmt: skip
     result["record"] = finish_record(record)
     path = save_result(args.name, result)
     print(f"saved {path}")

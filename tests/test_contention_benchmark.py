@@ -27,3 +27,13 @@ def test_the_training_command_overrides_compose(compose_cfg, tmp_path: Path):
     cfg = compose_cfg("train", overrides)
     assert cfg.trainer.max_steps == 7
     assert cfg.trainer.limit_val_batches == 0
+
+
+def test_each_policy_is_exactly_its_own_openmp_variables(monkeypatch):
+    from benchmarks.contention import POLICIES, _env
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's own setting is left out
+    assert {k: v for k, v in _env(POLICIES["short"]).items() if "OMP" in k} == {
+        "GOMP_SPINCOUNT": "10000"
+    }
+    assert not any("OMP" in k for k in _env(POLICIES["passive"]))
