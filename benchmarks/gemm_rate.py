@@ -88,6 +88,15 @@ def build(name: str) -> Walrus:
     return Walrus(WalrusConfig.from_dict({**cfg, "include_d": [2]})).train()
 
 
+def mean_seconds(fn: Callable[[], Any], iters: int) -> float:
+    """Mean wall seconds of ``iters`` calls of ``fn`` (after one untimed call)."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
 class Step:
     """Forward, MAE loss and backward of one model on a fixed random batch."""
 
@@ -105,11 +114,7 @@ class Step:
 
     def seconds(self, iters: int) -> float:
         """Mean wall seconds of ``iters`` steps (after one untimed step)."""
-        self()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            self()
-        return (time.perf_counter() - t0) / iters
+        return mean_seconds(self, iters)
 
 
 GEMM_OPS = (
@@ -233,11 +238,7 @@ class GemmFloor:
 
     def seconds(self, iters: int) -> float:
         """Mean wall seconds of ``iters`` replays (after one untimed replay)."""
-        self()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            self()
-        return (time.perf_counter() - t0) / iters
+        return mean_seconds(self, iters)
 
 
 def op_breakdown(step: Callable[[], Any]) -> dict[str, Any]:

@@ -69,6 +69,7 @@ from benchmarks.pages import RESULTS_PAGE
 from benchmarks.transfer_runs import (
     DataSet,
     builtin_set,
+    check_pool,
     count_trajectories,
     evaluate,
     external_set,
@@ -102,10 +103,7 @@ def run_one(
     log: Any = print,
 ) -> dict[str, Any]:
     """Pretrain without ``held``, then fine-tune / scratch / long scratch on it; scored on test."""
-    if not pool:
-        raise BenchmarkError(f"nothing to pretrain on without {held.name}: widen --systems")
-    if len({p.root for p in pool}) != 1:
-        raise BenchmarkError("the pretraining systems must share one --data-root")
+    check_pool(held, pool)
     on_held = [*held_overrides(held, seed), *args.override]
     scratch = [*on_held, "finetune.enabled=false"]
     out = work / held.name / f"seed_{seed}"

@@ -162,6 +162,14 @@ def held_overrides(held: DataSet, seed: int) -> list[str]:
     ]
 
 
+def check_pool(held: DataSet, pool: Sequence[DataSet]) -> None:
+    """Refuse an empty pretraining pool, or one spread over several data roots."""
+    if not pool:
+        raise BenchmarkError(f"nothing to pretrain on without {held.name}: widen --systems")
+    if len({p.root for p in pool}) != 1:
+        raise BenchmarkError("the pretraining systems must share one --data-root")
+
+
 def pretrain(pool: Sequence[DataSet], seed: int, args: argparse.Namespace, out: Path) -> dict:
     """``experiment=pretrain`` on ``pool`` for ``--pretrain-time`` (see :func:`fit`)."""
     return fit(

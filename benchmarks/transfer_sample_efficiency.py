@@ -20,6 +20,7 @@ from benchmarks.budgets import BenchmarkError, step_ceiling
 from benchmarks.pages import README, RESULTS_PAGE
 from benchmarks.transfer_runs import (
     DataSet,
+    check_pool,
     count_trajectories,
     evaluate,
     fit,
@@ -115,10 +116,7 @@ def run_curve(
     ``--trajectories`` fine-tune and train from scratch on its first N train trajectories (rates
     chosen on validation, best-validation checkpoints within the step cap); a compute-matched
     scratch run at the reference N; every chosen checkpoint scored on the whole test split."""
-    if not pool:
-        raise BenchmarkError(f"nothing to pretrain on without {held.name}: widen --systems")
-    if len({p.root for p in pool}) != 1:
-        raise BenchmarkError("the pretraining systems must share one --data-root")
+    check_pool(held, pool)
     out = work / held.name / f"seed_{seed}"
     all_count = count_trajectories(held, "train")
     log(

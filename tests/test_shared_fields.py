@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_train_overrides
+from tests.test_patch_encoder import assert_folded_equals_unfolded
 from walrus.checkpoint import atomic_torch_save, load_checkpoint_file, model_state_dict
 from walrus.model.config import WalrusConfig
 from walrus.model.field_embedding import SharedFieldEmbedding
@@ -141,18 +142,4 @@ def test_shared_embedding_folds_into_the_patch_encoder():
     with torch.no_grad():
         model.space_bag.bias.normal_()  # a bias that shows
     x = torch.randn(2, 3, 2, 16, 13, dtype=torch.float64)
-
-    def run(drop: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad()
-        model.input_drop.p = drop
-        assert model.embedding_folded() == (drop == 0)
-        y = model(x, torch.tensor([1, 4]), [[2, 2], [0, 1]], jitter_seed=5)
-        (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
-        return y.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
-
-    folded, g_folded = run(0.0)
-    unfolded, g_unfolded = run(1e-300)  # dropout active, keeps every value: the unfolded path
-    torch.testing.assert_close(folded, unfolded, rtol=1e-10, atol=1e-10)
-    assert len(g_folded) == len(g_unfolded)
-    for a, b in zip(g_folded, g_unfolded):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    assert_folded_equals_unfolded(model, x, torch.tensor([1, 4]), [[2, 2], [0, 1]], 5)
