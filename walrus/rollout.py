@@ -22,6 +22,13 @@ feeds the mean prediction back. A patch model's seams sit at different places in
 so the mean loses most of their high-wavenumber power before it can accumulate over steps
 (unlike an ensemble, whose members each carry their own seams to the end).
 
+Spectral limit (``spectral_limit=r``): each step's change from the last frame may carry, in
+each radial shell of wavenumbers, at most ``r`` times the amplitude the last frame has there
+(:func:`walrus.nn.spectral.limit_spectral_change`). A smooth field thus keeps its fine scales
+as smooth as they were, within a factor ``(1 + r)**2`` in power per step, instead of taking on
+the grid-scale noise of a patch decoder; fields with fine scales of their own keep their
+changes. It applies to every member and jitter draw's mean.
+
 Model interface: ``model(x (B, T, C, *spatial), fields (C,) long, bcs (n_spatial, 2) long, *,
 jitter_seed=None) -> (B, T', C, *spatial)`` with ``T' = T`` (causal) or ``T' = 1``.
 
@@ -40,9 +47,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
+from walrus.bcs import BoundaryType
 from walrus.data.batch import Batch
 from walrus.data.normalization import Normalizer, RMSNormalizer
 from walrus.errors import RolloutDivergedError
+from walrus.nn.spectral import limit_spectral_change
 from walrus.signals import check_stop
 
 if TYPE_CHECKING:
@@ -69,6 +78,7 @@ def predict_next(
     jitter_seed: int | None = None,
     max_delta_scale: Tensor | None = None,
     jitter_average: int = 1,
+    spectral_limit: float = 0.0,
 ) -> Tensor:
     """Predict the frame after ``window``, in physical units.
 
@@ -85,6 +95,8 @@ def predict_next(
         max_delta_scale: ``(B, 1, C, 1, ...)`` upper bound on the fitted delta unit.
         jitter_average: run the model under this many jitter draws (seeds ``jitter_seed +
             k * DRAW_SEED_STRIDE``) and use their mean; needs ``jitter_seed`` when above 1.
+        spectral_limit: limit the step's change shell by shell to this many times the last
+            frame's amplitude (see the module docstring); 0 is no limit.
 
     Returns:
         ``(B, C, *spatial)`` float32 (or wider, following ``window``) next frame.
@@ -123,7 +135,12 @@ def predict_next(
         )
     pred = out[:, -1:].to(torch.promote_types(window.dtype, torch.float32))  # (B, 1, C, *sp)
     last = window[:, -1:].to(pred.dtype)  # (B, 1, C, *spatial)
-    return stats.next_frame(last, pred, predict_delta).squeeze(1)  # (B, C, *spatial)
+    nxt = stats.next_frame(last, pred, predict_delta).squeeze(1)  # (B, C, *spatial)
+    if spectral_limit:
+        codes = torch.as_tensor(bcs).tolist()  # (n_spatial, 2)
+        periodic = [all(c == BoundaryType.PERIODIC for c in row) for row in codes]
+        nxt = limit_spectral_change(last.squeeze(1), nxt, spectral_limit, periodic)
+    return nxt
 
 
 def rollout(
@@ -139,6 +156,7 @@ def rollout(
     check_finite: bool = True,
     cap_delta_unit: bool | None = None,
     jitter_average: int | None = None,
+    spectral_limit: float | None = None,
 ) -> Iterator[Tensor]:
     """Roll a model out autoregressively from ``batch.input_fields``.
 
@@ -172,6 +190,9 @@ def rollout(
         jitter_average: jitter draws averaged at every step (see the module docstring); needs
             a jitter seed when above 1; default: the checkpoint's (``DEFAULT_JITTER_AVERAGE``
             for a patch model that jitters), else 1.
+        spectral_limit: limit each step's change per wavenumber shell (see the module
+            docstring; 0: no limit); default: the checkpoint's (``DEFAULT_SPECTRAL_LIMIT``
+            for a patch model), else 0.
 
     Yields:
         ``(B, C, *spatial)`` predicted frame in physical units, detached, a normal (non-inference)
@@ -179,10 +200,19 @@ def rollout(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
-    model, normalizer, predict_delta, jitter_seed, cap_delta_unit, jitter_average = _settings(
-        model, normalizer, predict_delta, jitter_seed, cap_delta_unit, jitter_average
+    model, normalizer, predict_delta, jitter_seed, cap_delta_unit, jitter_average, limit = (
+        _settings(
+            model,
+            normalizer,
+            predict_delta,
+            jitter_seed,
+            cap_delta_unit,
+            jitter_average,
+            spectral_limit,
+        )
     )
     _check_jitter_average(jitter_average, jitter_seed)
+    check_spectral_limit(limit)
     names = batch.channel_names(field_names)
     window = batch.input_fields.detach()  # (B, T_in, C, *spatial)
     if not window.is_floating_point():
@@ -212,6 +242,7 @@ def rollout(
                 jitter_seed=seed,
                 max_delta_scale=cap,
                 jitter_average=jitter_average,
+                spectral_limit=limit,
             ).to(window.dtype)  # (B, C, *spatial)
             window = torch.cat([window[:, 1:], pred.unsqueeze(1)], dim=1)  # (B, T_in, C, *sp)
         if check_finite:
@@ -280,6 +311,17 @@ def _check_jitter_average(draws: Any, jitter_seed: int | None) -> int:
     return draws
 
 
+def check_spectral_limit(limit: Any) -> float:
+    """``limit`` checked: a finite number >= 0 (0: no limit)."""
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, (int, float))
+        or not 0 <= limit < float("inf")
+    ):
+        raise ValueError(f"spectral_limit must be a finite number >= 0 (0: off), got {limit!r}")
+    return float(limit)
+
+
 def _settings(
     model: Any,
     normalizer: Normalizer | None,
@@ -287,7 +329,8 @@ def _settings(
     jitter_seed: int | None | str,
     cap_delta_unit: bool | None,
     jitter_average: int | None = None,
-) -> tuple[nn.Module, Normalizer | None, bool, int | None, bool, int]:
+    spectral_limit: float | None = None,
+) -> tuple[nn.Module, Normalizer | None, bool, int | None, bool, int, float]:
     """The model and rollout settings: given values, else the checkpoint's, else the defaults."""
     if isinstance(jitter_seed, str) and jitter_seed != CHECKPOINT:
         raise ValueError(f"jitter_seed must be an int, None or {CHECKPOINT!r}, got {jitter_seed!r}")
@@ -304,6 +347,7 @@ def _settings(
             seed,
             ckpt.cap_delta_unit if cap_delta_unit is None else cap_delta_unit,
             ckpt.default_jitter_average(seed) if jitter_average is None else jitter_average,
+            ckpt.default_spectral_limit() if spectral_limit is None else spectral_limit,
         )
     return (
         model,
@@ -312,6 +356,7 @@ def _settings(
         None if jitter_seed == CHECKPOINT else jitter_seed,
         True if cap_delta_unit is None else cap_delta_unit,
         1 if jitter_average is None else jitter_average,
+        0.0 if spectral_limit is None else spectral_limit,
     )
 
 

@@ -31,6 +31,7 @@ from walrus.hub import open_checkpoint
 from walrus.memory import check_forward_fits, default_max_sample_bytes, runs_on_cpu
 from walrus.model.compile import compile_mode, compile_model
 from walrus.model.config import MAX_SIZE
+from walrus.rollout import check_spectral_limit
 from walrus.run_files import is_first_process, write_run_files
 from walrus.safe_paths import refuse_symlinks, result_folder_names
 from walrus.signals import check_stop
@@ -42,6 +43,9 @@ DEFAULT_SEED = 0
 # Jitter draws averaged per rollout step by default when a patch model's rollout jitters
 # (infer.py jitter_average=null); chosen on validation rollouts (README "Rollout fidelity").
 DEFAULT_JITTER_AVERAGE = 4
+# Spectral limit of a patch model's rollout steps by default (infer.py spectral_limit=null;
+# walrus.rollout): chosen on validation rollouts (docs/studies.md, "Patch seams").
+DEFAULT_SPECTRAL_LIMIT = 1.0
 # Bounds of the counts that multiply the work of every rollout step (docs/guide/inference.md).
 MAX_ENSEMBLE = 1024
 MAX_JITTER_AVERAGE = 1024
@@ -104,6 +108,10 @@ class InferenceCheckpoint:
         """Jitter draws averaged per step by default (:func:`default_jitter_average`)."""
         return default_jitter_average(self.model, jitter_seed)
 
+    def default_spectral_limit(self) -> float:
+        """The spectral limit of a default rollout (:func:`default_spectral_limit`)."""
+        return default_spectral_limit(self.model)
+
 
 def default_jitter_average(model: nn.Module, jitter_seed: int | None) -> int:
     """Jitter draws averaged per rollout step by default: ``DEFAULT_JITTER_AVERAGE`` when a
@@ -112,6 +120,14 @@ def default_jitter_average(model: nn.Module, jitter_seed: int | None) -> int:
     run as the official code runs them)."""
     patch = getattr(model, "patch", False) is True
     return DEFAULT_JITTER_AVERAGE if jitter_seed is not None and patch else 1
+
+
+def default_spectral_limit(model: nn.Module) -> float:
+    """The per-shell limit on each rollout step's change by default (``walrus.rollout``):
+    ``DEFAULT_SPECTRAL_LIMIT`` for a patch model (``encoder="patch"``, whose seams put
+    grid-scale noise into smooth fields), else 0 (off: released Walrus checkpoints run as the
+    official code runs them)."""
+    return DEFAULT_SPECTRAL_LIMIT if getattr(model, "patch", False) is True else 0.0
 
 
 def require(cfg: DictConfig, key: str, hint: str) -> Any:
@@ -357,6 +373,7 @@ class Prepared:
     members: int = 1
     cap_delta_unit: bool = True
     jitter_average: int = 1
+    spectral_limit: float = 0.0
     # dataset name -> the folder inside `out` for its results when several are rolled out
     folders: dict[str, Path] = field(default_factory=dict)
     # what the command's `plan` returned (see `prepare`)
@@ -369,7 +386,11 @@ class Prepared:
             "jitter_seed": self.jitter_seed,
             "ensemble": self.members,
             "jitter_average": self.jitter_average,
+            "spectral_limit": self.spectral_limit,
             "cap_delta_unit": self.cap_delta_unit,
+            "output_filter": getattr(
+                getattr(self.ckpt.model, "config", None), "output_filter", None
+            ),
             "bf16": self.autocast_dtype is not None,
         }
 
@@ -478,9 +499,33 @@ def prepare(
             f"option jitter must be true, false or null (the checkpoint's default), got "
             f"{cfg.get('jitter')!r}"
         )
+    cutoff = cfg.get("output_filter")
+    if cutoff is not None and (
+        isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)) or not 0 <= cutoff < 1
+    ):
+        raise ValueError(
+            f"option output_filter must be null (the checkpoint's), 0 (off) or a cutoff in "
+            f"(0, 1), got {cutoff!r}"
+        )
+    limit = cfg.get("spectral_limit")
+    if limit is not None:
+        try:
+            limit = check_spectral_limit(limit)
+        except ValueError:
+            raise ValueError(
+                f"option spectral_limit must be null (the checkpoint's default), 0 (off) or a "
+                f"finite number > 0, got {limit!r}"
+            ) from None
     compile_as = compile_mode(cfg.get("compile", False))
     pl.seed_everything(seed, verbose=False)
     ckpt = load_inference_checkpoint(ckpt_path)
+    if cutoff is not None:
+        if not hasattr(ckpt.model, "set_output_filter"):
+            raise ValueError(
+                f"option output_filter: the model in {ckpt_path} "
+                f"({type(ckpt.model).__name__}) has no output filter"
+            )
+        ckpt.model.set_output_filter(float(cutoff))
     compile_model(ckpt.model, compile_as)
     jitter = ckpt.inference_jitter if cfg.get("jitter") is None else bool(cfg.jitter)
     if members > 1 and not jitter:
@@ -494,6 +539,7 @@ def prepare(
             "jitter"
         )
     draws = draws or ckpt.default_jitter_average(seed if jitter else None)
+    limit = ckpt.default_spectral_limit() if limit is None else limit
     data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
     data = resolve_data_config(_plain(cfg.get("data")), ckpt, data_dir=data_dir)
     datasets = open_datasets(data, str(cfg.split), ckpt, n_steps_output=n_steps_output)
@@ -531,6 +577,7 @@ def prepare(
         members=members,
         cap_delta_unit=bool(cfg.get("cap_delta_unit", True)),
         jitter_average=draws,
+        spectral_limit=limit,
         folders={name: out / folder for name, folder in folders.items()},
         plan=planned,
     )

@@ -283,6 +283,8 @@ def _write_dataset_files(
     members = f", ensemble of {module.members}" if module.members > 1 else ""
     if module.jitter_average > 1:
         members += f", mean of {module.jitter_average} jitter draws per step"
+    if module.spectral_limit:
+        members += f", spectral limit {module.spectral_limit:g}"
     steps_run = entry["metrics"]["steps"]
     about = f"{name}: {_trajectories_label(sel)}, {steps_run} steps{members}"
     files.append(plot_error_curves(entry["metrics"], out / "vrmse.png", "vrmse", title=about))

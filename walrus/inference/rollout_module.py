@@ -113,6 +113,8 @@ class RolloutModule(pl.LightningModule):
         cap_delta_unit: cap each step's delta unit at the true context's (``walrus.rollout``).
         jitter_average: jitter draws averaged at every step (``walrus.rollout``; needs
             ``jitter_seed`` when above 1).
+        spectral_limit: limit of each step's change per wavenumber shell (``walrus.rollout``;
+            0: off).
         autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast.
         keep_predictions: keep every predicted frame (on the CPU) for ``predictions.hdf5``.
         keep_members: also keep every member's frames (``members > 1``) for ``members.hdf5``.
@@ -139,6 +141,7 @@ class RolloutModule(pl.LightningModule):
         members: int = 1,
         cap_delta_unit: bool = True,
         jitter_average: int = 1,
+        spectral_limit: float = 0.0,
         autocast_dtype: torch.dtype | None = None,
         keep_predictions: bool = True,
         keep_members: bool = False,
@@ -156,6 +159,7 @@ class RolloutModule(pl.LightningModule):
         self.members = members
         self.cap_delta_unit = cap_delta_unit
         self.jitter_average = jitter_average
+        self.spectral_limit = spectral_limit
         self.autocast_dtype = autocast_dtype
         self.keep_predictions = keep_predictions
         self.keep_members = keep_members and members > 1
@@ -181,6 +185,7 @@ class RolloutModule(pl.LightningModule):
             members=prep.members,
             cap_delta_unit=prep.cap_delta_unit,
             jitter_average=prep.jitter_average,
+            spectral_limit=prep.spectral_limit,
             autocast_dtype=prep.autocast_dtype,
             **kwargs,
         )
@@ -206,6 +211,7 @@ class RolloutModule(pl.LightningModule):
             "autocast_dtype": self.autocast_dtype,
             "cap_delta_unit": self.cap_delta_unit,
             "jitter_average": self.jitter_average,
+            "spectral_limit": self.spectral_limit,
         }
         if self.members > 1:
             yield from ensemble_rollout(

@@ -35,8 +35,16 @@ _INTS = {
     "rel_pos_max_distance",
     "noise_dim",
     "decoder_smoothing",
+    "output_filter_order",
 }
-_FLOATS = {"mlp_ratio", "drop_path", "input_drop", "layer_scale_init", "rope_max_freq"}
+_FLOATS = {
+    "mlp_ratio",
+    "drop_path",
+    "input_drop",
+    "layer_scale_init",
+    "rope_max_freq",
+    "output_filter",
+}
 _BOOLS = {"causal", "jitter", "latent_roll", "grad_checkpointing", "fused", "decoder_overlap"}
 _STRS = {"temporal_kernel", "spatial_kernel", "compat", "encoder", "field_embedding", "noise_scope"}
 _INT_LISTS = {"kernel_sizes": 2, "target_latent": 3, "include_d": None, "flag_fields": 3}
@@ -204,6 +212,12 @@ class WalrusConfig:
         decoder_smoothing: with ``encoder="patch"``, an odd kernel size ``k`` of a learned
             per-field smoothing filter after the decoder (residual, ``k^d`` taps per field,
             starting at the identity); 0 (default) is off.
+        output_filter: cutoff ``c`` in ``(0, 1)`` of an exponential spectral filter on the
+            predicted deltas (:func:`walrus.nn.spectral.spectral_filter`): modes with
+            ``|k| <= c * pi`` (radians per cell) are kept, finer ones damped, the Nyquist
+            wavenumber removed; non-periodic axes are mirrored first. It has no weights. 0
+            (default) is off.
+        output_filter_order: even exponent of that filter's damping (sharper when larger).
     """
 
     # Options a fine-tune (``init_from=``) or a resumed run may take from the current config;
@@ -251,6 +265,8 @@ class WalrusConfig:
     noise_dim: int = 0
     noise_scope: str = "sample"
     decoder_smoothing: int = 0
+    output_filter: float = 0.0
+    output_filter_order: int = 8
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -334,6 +350,13 @@ class WalrusConfig:
             )
         if self.noise_dim < 0:
             raise ValueError(f"noise_dim must be an int >= 0, got {self.noise_dim}")
+        if not 0.0 <= self.output_filter < 1.0:
+            raise ValueError(
+                f"output_filter must be 0 (off) or a cutoff in (0, 1), got {self.output_filter}"
+            )
+        k = self.output_filter_order
+        if k < 2 or k > 64 or k % 2:
+            raise ValueError(f"output_filter_order must be an even int in 2..64, got {k}")
         if self.noise_scope not in NOISE_SCOPES:
             raise ValueError(
                 f"noise_scope={self.noise_scope!r} is not known; expected one of {NOISE_SCOPES}"

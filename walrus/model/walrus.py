@@ -39,6 +39,7 @@ from walrus.model.field_embedding import FieldEmbedding, SharedFieldEmbedding
 from walrus.model.jitter import AxisPlan, JitterDraws, PatchJitterer, RecordedDraws, flag_jitter
 from walrus.nn.norms import RMSGroupNorm
 from walrus.nn.rope import AxialRoPE
+from walrus.nn.spectral import spectral_filter
 
 
 class Walrus(nn.Module):
@@ -400,6 +401,12 @@ class Walrus(nn.Module):
         self.fused = bool(enabled)
         self.config = self.config.replace(fused=self.fused)
 
+    def set_output_filter(self, cutoff: float, order: int | None = None) -> None:
+        """Set the spectral filter on the predicted deltas (``output_filter``; 0: off). It has
+        no weights, so any checkpoint can be rolled out with or without it."""
+        order = self.config.output_filter_order if order is None else order
+        self.config = self.config.replace(output_filter=cutoff, output_filter_order=order)
+
     def set_grad_checkpointing(self, enabled: bool | Sequence[bool] = True) -> None:
         """Switch gradient checkpointing for all blocks, or per block with one flag each."""
         flags = (
@@ -720,6 +727,9 @@ class Walrus(nn.Module):
         if tie is not None:
             y = y + tie.to(y.dtype)
         y = PatchJitterer.unjitter(y, plans)  # (B*T', C, *sp)
+        if self.config.output_filter:
+            cut, order = self.config.output_filter, self.config.output_filter_order
+            y = spectral_filter(y, cut, order, [p.periodic for p in plans])  # (B*T', C, *sp)
         return y.reshape(b, t_out, c, *spatial)
 
 
