@@ -16,6 +16,7 @@ from walrus.data.well_file import read_trajectory
 from walrus.inference import run
 from walrus.inference.loading import RESULT_FILES
 from walrus.metrics import ENSEMBLE, SPATIAL_MEAN, ensemble_scores
+from walrus.perturbation import DEFAULT_PERTURBATION
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +102,19 @@ def test_python_api_members(toy) -> None:
     batch = walrus.trajectory_batch(ds, 0, steps=2)
     steps = list(walrus.ensemble_rollout(ckpt, batch, 2, members=3, jitter_seed=5,
                                          keep_members=True))  # fmt: skip
-    plain = list(walrus.rollout(ckpt, batch, 2, jitter_seed=5))
-    for (mean, spread, members), single in zip(steps, plain):
+    # a loaded checkpoint's members are perturbed by default: member 0 is the rollout with
+    # the same seed and the default perturbation
+    one = list(walrus.rollout(ckpt, batch, 2, jitter_seed=5, perturbation=DEFAULT_PERTURBATION))
+    for (mean, spread, members), single in zip(steps, one):
         assert members.shape == (3, *mean.shape)
         torch.testing.assert_close(members.mean(dim=0), mean)
         torch.testing.assert_close(members.std(dim=0, correction=0), spread)
-        torch.testing.assert_close(members[0], single)  # member 0 is the plain rollout
+        torch.testing.assert_close(members[0], single)
+    plain = list(walrus.ensemble_rollout(ckpt, batch, 2, members=3, jitter_seed=5,
+                                         keep_members=True, perturbation=None))  # fmt: skip
+    unperturbed = list(walrus.rollout(ckpt, batch, 2, jitter_seed=5))
+    torch.testing.assert_close(plain[-1][2][0], unperturbed[-1])
+    assert (plain[-1][2][0] - steps[-1][2][0]).abs().max() > 0
 
 
 def test_evaluate_scores_an_ensemble(toy, tmp_path: Path, capsys) -> None:

@@ -29,6 +29,11 @@ as smooth as they were, within a factor ``(1 + r)**2`` in power per step, instea
 the grid-scale noise of a patch decoder; fields with fine scales of their own keep their
 changes. It applies to every member and jitter draw's mean.
 
+Perturbed members (``ensemble_rollout(..., perturbation=Perturbation(a))``): each member's
+changes are multiplied by ``1 + a * r`` with ``r`` a smooth random field, correlated in time and
+seeded by the member (:mod:`walrus.perturbation`), so the members' spread grows with the
+dynamics. A deterministic rollout is not perturbed unless asked.
+
 Model interface: ``model(x (B, T, C, *spatial), fields (C,) long, bcs (n_spatial, 2) long, *,
 jitter_seed=None) -> (B, T', C, *spatial)`` with ``T' = T`` (causal) or ``T' = 1``.
 
@@ -52,6 +57,7 @@ from walrus.data.batch import Batch
 from walrus.data.normalization import Normalizer, RMSNormalizer
 from walrus.errors import RolloutDivergedError
 from walrus.nn.spectral import limit_spectral_change
+from walrus.perturbation import DEFAULT_PERTURBATION, Perturbation, PerturbedSteps
 from walrus.signals import check_stop
 
 if TYPE_CHECKING:
@@ -137,9 +143,7 @@ def predict_next(
     last = window[:, -1:].to(pred.dtype)  # (B, 1, C, *spatial)
     nxt = stats.next_frame(last, pred, predict_delta).squeeze(1)  # (B, C, *spatial)
     if spectral_limit:
-        codes = torch.as_tensor(bcs).tolist()  # (n_spatial, 2)
-        periodic = [all(c == BoundaryType.PERIODIC for c in row) for row in codes]
-        nxt = limit_spectral_change(last.squeeze(1), nxt, spectral_limit, periodic)
+        nxt = limit_spectral_change(last.squeeze(1), nxt, spectral_limit, _periodic(bcs))
     return nxt
 
 
@@ -157,6 +161,7 @@ def rollout(
     cap_delta_unit: bool | None = None,
     jitter_average: int | None = None,
     spectral_limit: float | None = None,
+    perturbation: Perturbation | None = None,
 ) -> Iterator[Tensor]:
     """Roll a model out autoregressively from ``batch.input_fields``.
 
@@ -193,6 +198,8 @@ def rollout(
         spectral_limit: limit each step's change per wavenumber shell (see the module
             docstring; 0: no limit); default: the checkpoint's (``DEFAULT_SPECTRAL_LIMIT``
             for a patch model), else 0.
+        perturbation: perturb every step's change (see the module docstring), seeded by
+            ``jitter_seed`` (required then); ``None``: no perturbation.
 
     Yields:
         ``(B, C, *spatial)`` predicted frame in physical units, detached, a normal (non-inference)
@@ -213,6 +220,13 @@ def rollout(
     )
     _check_jitter_average(jitter_average, jitter_seed)
     check_spectral_limit(limit)
+    perturb = None
+    if perturbation is not None:
+        if not isinstance(perturbation, Perturbation):
+            raise ValueError(f"perturbation must be a Perturbation, got {perturbation!r}")
+        if jitter_seed is None:
+            raise ValueError("a perturbed rollout needs a jitter_seed: its draws come from it")
+        perturb = PerturbedSteps(perturbation, jitter_seed, _periodic(batch.bcs))
     names = batch.channel_names(field_names)
     window = batch.input_fields.detach()  # (B, T_in, C, *spatial)
     if not window.is_floating_point():
@@ -244,6 +258,8 @@ def rollout(
                 jitter_average=jitter_average,
                 spectral_limit=limit,
             ).to(window.dtype)  # (B, C, *spatial)
+            if perturb is not None:
+                pred = perturb(window[:, -1], pred)  # (B, C, *spatial)
             window = torch.cat([window[:, 1:], pred.unsqueeze(1)], dim=1)  # (B, T_in, C, *sp)
         if check_finite:
             _check_finite(pred, step, names)
@@ -258,13 +274,16 @@ def ensemble_rollout(
     members: int,
     jitter_seed: int,
     keep_members: bool = False,
+    perturbation: Perturbation | None | Literal["checkpoint"] = CHECKPOINT,
     **kwargs: Any,
 ) -> Iterator[tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]]:
     """Roll ``members`` jittered copies of each trajectory out side by side.
 
     Member ``m`` is :func:`rollout` with jitter seed ``jitter_seed + m * MEMBER_SEED_STRIDE``, so
-    members differ only by their jitter draws (patch-grid shifts, latent rolls) and every run is
-    reproducible. Member 0 is exactly ``rollout(..., jitter_seed=jitter_seed)``.
+    members differ by their jitter draws (patch-grid shifts, latent rolls; a noisy model's
+    latent noise; with ``perturbation=`` in ``kwargs``, their perturbations) and every run is
+    reproducible. Member 0 is exactly ``rollout(..., jitter_seed=jitter_seed)`` with the same
+    ``kwargs``.
 
     Args:
         model: as for :func:`rollout` (a model or a loaded checkpoint); it must jitter when
@@ -275,6 +294,9 @@ def ensemble_rollout(
         jitter_seed: base seed (required: without jitter the members would be identical).
         keep_members: also yield the members themselves, e.g. for
             ``walrus.metrics.ensemble_scores`` or ``RolloutMetrics(members=K)``.
+        perturbation: perturb each member's steps (:mod:`walrus.perturbation`); the default
+            ``"checkpoint"`` is ``DEFAULT_PERTURBATION`` for a loaded checkpoint and 2 or more
+            members (as ``infer.py rollout ensemble=K``), else none.
         **kwargs: passed to :func:`rollout` (normalizer, predict_delta, autocast_dtype, ...).
 
     Yields:
@@ -289,8 +311,21 @@ def ensemble_rollout(
         raise ValueError(f"members must be an int >= 1, got {members!r}")
     if jitter_seed is None:
         raise ValueError("an ensemble needs a jitter_seed: its members differ by their jitter")
+    if isinstance(perturbation, str):
+        if perturbation != CHECKPOINT:
+            raise ValueError(f"perturbation must be a Perturbation, None or {CHECKPOINT!r}")
+        loading = sys.modules.get("walrus.inference.loading")
+        loaded = loading is not None and isinstance(model, loading.InferenceCheckpoint)
+        perturbation = DEFAULT_PERTURBATION if loaded and members > 1 else None
     runs = [
-        rollout(model, batch, steps, jitter_seed=jitter_seed + m * MEMBER_SEED_STRIDE, **kwargs)
+        rollout(
+            model,
+            batch,
+            steps,
+            jitter_seed=jitter_seed + m * MEMBER_SEED_STRIDE,
+            perturbation=perturbation,
+            **kwargs,
+        )
         for m in range(members)
     ]
     for preds in zip(*runs):
@@ -309,6 +344,12 @@ def _check_jitter_average(draws: Any, jitter_seed: int | None) -> int:
             "by their jitter"
         )
     return draws
+
+
+def _periodic(bcs: Tensor | Sequence) -> list[bool]:
+    """Per spatial axis, whether both of its boundary codes ``(n_spatial, 2)`` are periodic."""
+    codes = torch.as_tensor(bcs).tolist()
+    return [all(c == BoundaryType.PERIODIC for c in row) for row in codes]
 
 
 def check_spectral_limit(limit: Any) -> float:

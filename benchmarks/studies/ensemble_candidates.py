@@ -21,7 +21,12 @@ deterministic MAE after step 10, member power ratios in [0.7, 1.4] in the low an
 step 11, high band at step 1 within 2x::
 
     python -m benchmarks.studies.ensemble_candidates --data-dir data --dataset navier_stokes_2d \\
-        --name ensemble_candidates_ns base=outputs/a/checkpoints/last.ckpt crps=outputs/b/...
+        --name ensemble_candidates_ns base=outputs/a/checkpoints/last.ckpt crps=outputs/b/... \\
+        perturbed=outputs/a/checkpoints/last.ckpt@0.15:8:0.8
+
+``NAME=CHECKPOINT@A:L:M`` perturbs the members' steps (:mod:`walrus.perturbation`: amplitude
+``A``, correlation length ``L`` cells, memory ``M``); without ``@`` the members are not
+perturbed (they differ by their jitter, and a noisy model's latent noise).
 
 writes ``benchmarks/results/<--name>.json``; ``--write`` only renders that JSON's table onto
 ``docs/studies.md`` between ``<!-- ensemble-candidates:start -->`` and ``<!-- ...:end -->``.
@@ -33,6 +38,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -44,6 +50,7 @@ from walrus.data.batch import collate
 from walrus.data.well_dataset import WellDataset
 from walrus.inference.loading import load_inference_checkpoint
 from walrus.metrics import ENSEMBLE, RolloutMetrics
+from walrus.perturbation import Perturbation
 from walrus.rollout import ensemble_rollout, rollout
 
 FIDELITY = ("power_ratio_low", "power_ratio_mid", "power_ratio_high", "amplitude_ratio",
@@ -58,6 +65,7 @@ def _windows(block: Mapping[str, Any]) -> dict[str, Any]:
 def score_checkpoint(
     path: str, data_dir: str, dataset: str, *, members: int, seeds: Sequence[int],
     trajectories: int, steps: int | None, batch_size: int = 4, member_average: int = 1,
+    perturbation: Perturbation | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Ensemble, member-0 and deterministic scores of one checkpoint, per inference seed."""
     ckpt = load_inference_checkpoint(path)
@@ -91,6 +99,7 @@ def score_checkpoint(
                     jitter_seed=seed,
                     keep_members=True,
                     jitter_average=member_average,
+                    perturbation=perturbation,
                 ),  # fmt: skip
                 rollout(ckpt, batch, n_steps, jitter_seed=seed, jitter_average=default_avg),
             )
@@ -117,9 +126,22 @@ def score_checkpoint(
         "steps": n_steps,
         "members": members,
         "member_jitter_average": member_average,
+        "perturbation": None if perturbation is None else asdict(perturbation),
         "deterministic_jitter_average": default_avg,
         "per_seed": per_seed,
     }
+
+
+def parse_perturbation(text: str) -> Perturbation | None:
+    """``"A:L:M"`` (length and memory optional) as a :class:`Perturbation`; ``""``: none."""
+    if not text:
+        return None
+    parts = text.split(":")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise SystemExit(f"perturbation {text!r} is not A[:L[:M]]") from None
+    return Perturbation(*values)
 
 
 def verdicts(
@@ -218,6 +240,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("candidates", nargs="*", help="NAME=CHECKPOINT pairs")
     p.add_argument("--data-dir")
     p.add_argument("--write", action="store_true", help="only render the JSON onto the docs")
+    p.add_argument("--also", nargs="*", default=[],
+                   help="with --write: more result names whose candidates join the table "
+                   "(each row then names its dataset)")  # fmt: skip
+    p.add_argument("--marker", default="ensemble-candidates",
+                   help="with --write: the block on docs/studies.md to fill")  # fmt: skip
     p.add_argument("--reference", default=None,
                    help="candidate whose deterministic rollout is the bar for the others' "
                    "ensemble-mean VRMSE and CRPS (default: each candidate's own)")  # fmt: skip
@@ -238,17 +265,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for res in saved["candidates"].values():
             res["verdicts"] = verdicts(res, ref)
         save_result(args.name, saved)
-        print(f"wrote {write_between(STUDIES_PAGE, 'ensemble-candidates', markdown(saved))}")
+        if args.also:
+            table: dict[str, Any] = {"candidates": {}}
+            for name in [args.name, *args.also]:
+                part = json.loads((RESULTS_DIR / f"{name}.json").read_text())
+                for cand, res in part["candidates"].items():
+                    res.setdefault("verdicts", verdicts(res))
+                    table["candidates"][f"{part['dataset']} {cand}"] = res
+            saved = table
+        print(f"wrote {write_between(STUDIES_PAGE, args.marker, markdown(saved))}")
         return saved
     if not args.candidates or not args.data_dir:
         p.error("give --data-dir and NAME=CHECKPOINT candidates (or --write)")
     record = run_record(sys.argv if argv is None else ["ensemble_candidates", *argv])
     out: dict[str, Any] = {"dataset": args.dataset, "split": "valid", "candidates": {}}
     for item in args.candidates:
-        name, _, path = item.partition("=")
+        name, _, spec = item.partition("=")
+        path, _, pert = spec.partition("@")
         res = score_checkpoint(path, args.data_dir, args.dataset, members=args.members,
                                seeds=args.seeds, trajectories=args.trajectories, steps=args.steps,
-                               member_average=args.member_jitter_average)  # fmt: skip
+                               member_average=args.member_jitter_average,
+                               perturbation=parse_perturbation(pert))  # fmt: skip
         out["candidates"][name] = res
     ref = out["candidates"].get(args.reference) if args.reference else None
     out["reference"] = args.reference if ref is not None else None

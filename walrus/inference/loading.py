@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from walrus.hub import open_checkpoint
 from walrus.memory import check_forward_fits, default_max_sample_bytes, runs_on_cpu
 from walrus.model.compile import compile_mode, compile_model
 from walrus.model.config import MAX_SIZE
+from walrus.perturbation import DEFAULT_PERTURBATION, Perturbation
 from walrus.rollout import check_spectral_limit
 from walrus.run_files import is_first_process, write_run_files
 from walrus.safe_paths import refuse_symlinks, result_folder_names
@@ -128,6 +129,40 @@ def default_spectral_limit(model: nn.Module) -> float:
     grid-scale noise into smooth fields), else 0 (off: released Walrus checkpoints run as the
     official code runs them)."""
     return DEFAULT_SPECTRAL_LIMIT if getattr(model, "patch", False) is True else 0.0
+
+
+def ensemble_perturbation(cfg: DictConfig, members: int) -> Perturbation | None:
+    """The perturbation of ensemble members from options ``perturbation`` (the amplitude;
+    null: ``DEFAULT_PERTURBATION`` for an ensemble, none for one rollout; 0: off),
+    ``perturbation_length`` and ``perturbation_memory`` (null: the default's)."""
+    amp = cfg.get("perturbation")
+    if amp is None:
+        amp = DEFAULT_PERTURBATION.amplitude if members > 1 else 0.0
+    length = cfg.get("perturbation_length")
+    memory = cfg.get("perturbation_memory")
+    for key, value in (("perturbation", amp), ("perturbation_length", length),
+                       ("perturbation_memory", memory)):  # fmt: skip
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"option {key} must be a number, got {value!r}")
+    if amp == 0:
+        return None
+    if members < 2:
+        raise ValueError(
+            f"option perturbation={amp} perturbs ensemble members: set ensemble=N (N >= 2), "
+            "or perturbation=0"
+        )
+    try:
+        return Perturbation(
+            float(amp),
+            DEFAULT_PERTURBATION.length if length is None else float(length),
+            DEFAULT_PERTURBATION.memory if memory is None else float(memory),
+        )
+    except ValueError as err:
+        msg = str(err)
+        for name, option in (("amplitude", "perturbation"), ("length", "perturbation_length"),
+                             ("memory", "perturbation_memory")):  # fmt: skip
+            msg = msg.replace(f"perturbation {name} ", f"option {option} ")
+        raise ValueError(msg) from None
 
 
 def require(cfg: DictConfig, key: str, hint: str) -> Any:
@@ -374,6 +409,7 @@ class Prepared:
     cap_delta_unit: bool = True
     jitter_average: int = 1
     spectral_limit: float = 0.0
+    perturbation: Perturbation | None = None
     # dataset name -> the folder inside `out` for its results when several are rolled out
     folders: dict[str, Path] = field(default_factory=dict)
     # what the command's `plan` returned (see `prepare`)
@@ -387,6 +423,7 @@ class Prepared:
             "ensemble": self.members,
             "jitter_average": self.jitter_average,
             "spectral_limit": self.spectral_limit,
+            "perturbation": None if self.perturbation is None else asdict(self.perturbation),
             "cap_delta_unit": self.cap_delta_unit,
             "output_filter": getattr(
                 getattr(self.ckpt.model, "config", None), "output_filter", None
@@ -516,6 +553,7 @@ def prepare(
                 f"option spectral_limit must be null (the checkpoint's default), 0 (off) or a "
                 f"finite number > 0, got {limit!r}"
             ) from None
+    perturbation = ensemble_perturbation(cfg, members)
     compile_as = compile_mode(cfg.get("compile", False))
     pl.seed_everything(seed, verbose=False)
     ckpt = load_inference_checkpoint(ckpt_path)
@@ -578,6 +616,7 @@ def prepare(
         cap_delta_unit=bool(cfg.get("cap_delta_unit", True)),
         jitter_average=draws,
         spectral_limit=limit,
+        perturbation=perturbation,
         folders={name: out / folder for name, folder in folders.items()},
         plan=planned,
     )

@@ -26,6 +26,7 @@ from walrus.data.batch import Batch, collate
 from walrus.data.normalization import Normalizer, RMSNormalizer
 from walrus.errors import RolloutDivergedError
 from walrus.metrics import RolloutMetrics
+from walrus.perturbation import Perturbation
 from walrus.rollout import ensemble_rollout, rollout
 
 if TYPE_CHECKING:
@@ -115,6 +116,8 @@ class RolloutModule(pl.LightningModule):
             ``jitter_seed`` when above 1).
         spectral_limit: limit of each step's change per wavenumber shell (``walrus.rollout``;
             0: off).
+        perturbation: perturb every ensemble member's steps (``walrus.perturbation``); not
+            used with one member.
         autocast_dtype: e.g. ``torch.bfloat16`` to run the model under autocast.
         keep_predictions: keep every predicted frame (on the CPU) for ``predictions.hdf5``.
         keep_members: also keep every member's frames (``members > 1``) for ``members.hdf5``.
@@ -142,6 +145,7 @@ class RolloutModule(pl.LightningModule):
         cap_delta_unit: bool = True,
         jitter_average: int = 1,
         spectral_limit: float = 0.0,
+        perturbation: Perturbation | None = None,
         autocast_dtype: torch.dtype | None = None,
         keep_predictions: bool = True,
         keep_members: bool = False,
@@ -160,6 +164,7 @@ class RolloutModule(pl.LightningModule):
         self.cap_delta_unit = cap_delta_unit
         self.jitter_average = jitter_average
         self.spectral_limit = spectral_limit
+        self.perturbation = perturbation
         self.autocast_dtype = autocast_dtype
         self.keep_predictions = keep_predictions
         self.keep_members = keep_members and members > 1
@@ -186,6 +191,7 @@ class RolloutModule(pl.LightningModule):
             cap_delta_unit=prep.cap_delta_unit,
             jitter_average=prep.jitter_average,
             spectral_limit=prep.spectral_limit,
+            perturbation=prep.perturbation,
             autocast_dtype=prep.autocast_dtype,
             **kwargs,
         )
@@ -221,6 +227,7 @@ class RolloutModule(pl.LightningModule):
                 members=self.members,
                 jitter_seed=self.jitter_seed,
                 keep_members=True,
+                perturbation=self.perturbation,
                 **kwargs,
             )
             return
