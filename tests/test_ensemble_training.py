@@ -311,3 +311,16 @@ def test_almost_fair_crps_charges_two_members_for_straddling_the_truth_far_apart
         assert ensemble_crps(pair, y, alpha=0.95).item() == pytest.approx(0.05 * d)
     with pytest.raises(ValueError, match="crps_alpha"):
         WalrusModule(_NoisyStep(0.0), optimizer=torch.optim.AdamW, crps_alpha=0.0)
+
+
+def test_the_ensemble_study_reads_a_perturbation_off_the_candidate():
+    from benchmarks.studies.ensemble_candidates import parse_perturbation
+    from walrus.perturbation import Perturbation
+
+    assert parse_perturbation("") is None
+    assert parse_perturbation("0.15") == Perturbation(0.15)
+    assert parse_perturbation("0.2:4:0.5") == Perturbation(0.2, 4.0, 0.5)
+    with pytest.raises(SystemExit, match="is not A"):
+        parse_perturbation("big")
+    with pytest.raises(ValueError, match="memory must be a number in"):
+        parse_perturbation("0.1:8:2")

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import RESULTS_DIR
-from benchmarks.pages import STUDIES_PAGE, write_between
+from benchmarks.pages import RESULTS_PAGE, STUDIES_PAGE, write_between
 from benchmarks.record import finish_record, run_record, save_result
 from walrus.data.batch import collate
 from walrus.data.well_dataset import WellDataset
@@ -244,7 +244,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                    help="with --write: more result names whose candidates join the table "
                    "(each row then names its dataset)")  # fmt: skip
     p.add_argument("--marker", default="ensemble-candidates",
-                   help="with --write: the block on docs/studies.md to fill")  # fmt: skip
+                   help="with --write: the block to fill")  # fmt: skip
+    p.add_argument("--page", choices=("studies", "results"), default="studies",
+                   help="with --write: docs/studies.md or docs/results.md")  # fmt: skip
     p.add_argument("--reference", default=None,
                    help="candidate whose deterministic rollout is the bar for the others' "
                    "ensemble-mean VRMSE and CRPS (default: each candidate's own)")  # fmt: skip
@@ -273,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     res.setdefault("verdicts", verdicts(res))
                     table["candidates"][f"{part['dataset']} {cand}"] = res
             saved = table
-        print(f"wrote {write_between(STUDIES_PAGE, args.marker, markdown(saved))}")
+        page = STUDIES_PAGE if args.page == "studies" else RESULTS_PAGE
+        print(f"wrote {write_between(page, args.marker, markdown(saved))}")
         return saved
     if not args.candidates or not args.data_dir:
         p.error("give --data-dir and NAME=CHECKPOINT candidates (or --write)")
