@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,8 @@ def test_infer_perturbs_ensembles_by_default_and_names_bad_options(toy, tmp_path
             ("single", []),
         )
     }
-    default = {"amplitude": DEFAULT_PERTURBATION.amplitude, "length": 8.0, "memory": 0.8}
+    default = {"amplitude": 0.15, "length": 8.0, "memory": 0.8}
+    assert default == asdict(DEFAULT_PERTURBATION)
     assert got["default"]["perturbation"] == default
     assert got["off"]["perturbation"] is None and got["single"]["perturbation"] is None
     assert got["set"]["perturbation"] == {"amplitude": 0.3, "length": 8.0, "memory": 0.0}

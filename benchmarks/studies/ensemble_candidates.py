@@ -247,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                    help="with --write: the block to fill")  # fmt: skip
     p.add_argument("--page", choices=("studies", "results"), default="studies",
                    help="with --write: docs/studies.md or docs/results.md")  # fmt: skip
+    p.add_argument("--match", default="",
+                   help="with --write and --also: only candidates whose name holds this")  # fmt: skip
     p.add_argument("--reference", default=None,
                    help="candidate whose deterministic rollout is the bar for the others' "
                    "ensemble-mean VRMSE and CRPS (default: each candidate's own)")  # fmt: skip
@@ -272,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for name in [args.name, *args.also]:
                 part = json.loads((RESULTS_DIR / f"{name}.json").read_text())
                 for cand, res in part["candidates"].items():
+                    if args.match not in cand:
+                        continue
                     res.setdefault("verdicts", verdicts(res))
                     table["candidates"][f"{part['dataset']} {cand}"] = res
             saved = table
