@@ -215,3 +215,12 @@ def test_missing_dataset_is_an_error_unless_generation_was_asked_for(tmp_path):
 def test_configs_generate_only_for_built_in_experiments(compose_cfg, overrides, generate):
     cfg = compose_cfg("train", overrides)
     assert cfg.data.generate_if_missing is generate
+
+
+@pytest.mark.parametrize("weight", ["heavy", True, -1.0, float("inf")])
+def test_a_bad_dataset_weight_names_the_option_and_the_dataset(weight):
+    from walrus.data.datamodule import parse_dataset_specs
+
+    with pytest.raises(ValueError, match=r"data.datasets entry 'ns': weight must be a finite"):
+        parse_dataset_specs([{"name": "ns", "weight": weight}])
+    assert parse_dataset_specs([{"name": "ns", "weight": 2}])[0].weight == 2.0

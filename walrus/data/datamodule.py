@@ -72,10 +72,20 @@ def parse_dataset_specs(datasets: Sequence[str | Mapping[str, Any]] | str) -> li
                     f"dataset entry {dict(entry)} needs 'name' and may have only 'weight', 'fields'"
                 )
             fields = entry.get("fields")
+            weight = entry.get("weight")
+            if weight is not None and (
+                isinstance(weight, bool)
+                or not isinstance(weight, (int, float))
+                or not 0 <= weight < float("inf")
+            ):
+                raise ValueError(
+                    f"data.datasets entry {entry['name']!r}: weight must be a finite number "
+                    f">= 0, got {weight!r}"
+                )
             specs.append(
                 DatasetSpec(
                     str(entry["name"]),
-                    None if entry.get("weight") is None else float(entry["weight"]),
+                    None if weight is None else float(weight),
                     None if fields is None else tuple(str(f) for f in fields),
                 )
             )
