@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.test_ensemble_training import TINY as ENSEMBLE_TINY
+from tests.test_ensemble_training import _inputs
 from tests.test_infer import TINY as INFER_TINY
 from tests.test_infer import base_overrides, compose_infer, toy, write_checkpoint  # noqa: F401
 from walrus.inference import run
@@ -18,20 +20,7 @@ from walrus.model.walrus import Walrus
 from walrus.nn.spectral import EMPTY_SHELL, filter_gain, limit_spectral_change, spectral_filter
 from walrus.rollout import predict_next, rollout
 
-PERIODIC = 2
-TINY = dict(
-    n_fields=8,
-    dim=64,
-    depth=1,
-    heads=4,
-    projection_dim=16,
-    intermediate_dim=32,
-    groups=8,
-    encoder="patch",
-    kernel_sizes=(4, 2),
-    include_d=(2,),
-    jitter=False,
-)
+TINY = {**ENSEMBLE_TINY, "jitter": False}
 
 
 def _wave(n: int, cycles: float) -> torch.Tensor:
@@ -73,11 +62,6 @@ def test_filter_keeps_shape_dtype_and_size_one_axes():
     assert spectral_filter(flat, 0.6, 8) is flat
     with pytest.raises(ValueError, match="periodic has 1 entries for 2 spatial axes"):
         spectral_filter(y, 0.6, 8, [True])
-
-
-def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = torch.randn(2, 3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    return x, torch.tensor([0, 1, 2]), torch.full((2, 2), PERIODIC)
 
 
 def test_the_model_option_filters_its_deltas_and_adds_no_weights():

@@ -46,9 +46,9 @@ import torch
 from benchmarks.common import RESULTS_DIR
 from benchmarks.pages import RESULTS_PAGE, STUDIES_PAGE, write_between
 from benchmarks.record import finish_record, run_record, save_result
-from walrus.data.batch import collate
+from walrus.data.batch import Batch, collate
 from walrus.data.well_dataset import WellDataset
-from walrus.inference.loading import load_inference_checkpoint
+from walrus.inference.loading import InferenceCheckpoint, load_inference_checkpoint
 from walrus.metrics import ENSEMBLE, RolloutMetrics
 from walrus.perturbation import Perturbation
 from walrus.rollout import ensemble_rollout, rollout
@@ -62,17 +62,16 @@ def _windows(block: Mapping[str, Any]) -> dict[str, Any]:
     return {"fields": block["windows"], "mean": block["mean_over_fields"]["windows"]}
 
 
-def score_checkpoint(
-    path: str, data_dir: str, dataset: str, *, members: int, seeds: Sequence[int],
-    trajectories: int, steps: int | None, batch_size: int = 4, member_average: int = 1,
-    perturbation: Perturbation | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Ensemble, member-0 and deterministic scores of one checkpoint, per inference seed."""
-    ckpt = load_inference_checkpoint(path)
+def validation_batches(
+    ckpt: InferenceCheckpoint, data_dir: str, dataset: str, *, trajectories: int | None,
+    steps: int | None, batch_size: int = 4,
+) -> tuple[list[Batch], int, list[str]]:  # fmt: skip
+    """The first ``trajectories`` (all for ``None``) validation trajectories as batches of
+    context and truth, the rollout steps they all allow (at most ``steps``), and the fields."""
     n_in = ckpt.n_steps_input or 4
     ds = WellDataset(data_dir, dataset, "valid", n_steps_input=n_in, n_steps_output=0,
                      vocab=ckpt.vocab)  # fmt: skip
-    n_traj = min(trajectories, ds.n_trajectories)
+    n_traj = ds.n_trajectories if trajectories is None else min(trajectories, ds.n_trajectories)
     avail = min(ds.frames_available(i, 1) for i in range(n_traj)) - n_in
     n_steps = avail if steps is None else min(steps, avail)
     batches = [
@@ -81,7 +80,19 @@ def score_checkpoint(
         )
         for s in range(0, n_traj, batch_size)
     ]
-    names = list(ds.field_names)
+    return batches, n_steps, list(ds.field_names)
+
+
+def score_checkpoint(
+    path: str, data_dir: str, dataset: str, *, members: int, seeds: Sequence[int],
+    trajectories: int, steps: int | None, batch_size: int = 4, member_average: int = 1,
+    perturbation: Perturbation | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Ensemble, member-0 and deterministic scores of one checkpoint, per inference seed."""
+    ckpt = load_inference_checkpoint(path)
+    batches, n_steps, names = validation_batches(
+        ckpt, data_dir, dataset, trajectories=trajectories, steps=steps, batch_size=batch_size
+    )
     default_avg = ckpt.default_jitter_average(0)
     per_seed = {}
     for seed in seeds:
@@ -122,7 +133,7 @@ def score_checkpoint(
         }
     return {
         "checkpoint": path,
-        "trajectories": n_traj,
+        "trajectories": sum(b.input_fields.shape[0] for b in batches),
         "steps": n_steps,
         "members": members,
         "member_jitter_average": member_average,

@@ -35,8 +35,7 @@ from typing import Any
 from benchmarks.common import RESULTS_DIR
 from benchmarks.pages import STUDIES_PAGE, write_between
 from benchmarks.record import finish_record, run_record, save_result
-from walrus.data.batch import collate
-from walrus.data.well_dataset import WellDataset
+from benchmarks.studies.ensemble_candidates import validation_batches
 from walrus.inference.loading import load_inference_checkpoint
 from walrus.metrics import RolloutMetrics
 from walrus.rollout import rollout
@@ -69,23 +68,14 @@ def score(
 ) -> dict[str, Any]:  # fmt: skip
     """Per candidate: the measures per field and window (``{measure: {field: {window: v}}}``)."""
     ckpt = load_inference_checkpoint(path)
-    n_in = ckpt.n_steps_input or 4
-    ds = WellDataset(data_dir, dataset, "valid", n_steps_input=n_in, n_steps_output=0,
-                     vocab=ckpt.vocab)  # fmt: skip
-    n_traj = ds.n_trajectories
-    avail = min(ds.frames_available(i, 1) for i in range(n_traj)) - n_in
-    n_steps = avail if steps is None else min(steps, avail)
-    batches = [
-        collate(
-            [ds.trajectory(i, 1, n_in + n_steps) for i in range(s, min(s + batch_size, n_traj))]
-        )
-        for s in range(0, n_traj, batch_size)
-    ]
+    batches, n_steps, names = validation_batches(
+        ckpt, data_dir, dataset, trajectories=None, steps=steps, batch_size=batch_size
+    )
     draws = ckpt.default_jitter_average(seed)
     out: dict[str, Any] = {}
     for key, cut, order, limit in candidates:
         ckpt.model.set_output_filter(cut, order)
-        acc = RolloutMetrics(list(ds.field_names), n_steps)
+        acc = RolloutMetrics(names, n_steps)
         for batch in batches:
             last = batch.input_fields[:, -1]  # (B, C, *sp)
             preds = rollout(ckpt, batch, n_steps, jitter_seed=seed, jitter_average=draws,
@@ -94,7 +84,7 @@ def score(
                 acc.update(step, pred, batch.output_fields[:, step - 1], last)
         m = acc.to_dict()["model"]
         out[key] = {k: m[k]["windows"] for k in MEASURES}
-    return {"checkpoint": path, "trajectories": n_traj, "steps": n_steps,
+    return {"checkpoint": path, "trajectories": sum(b.input_fields.shape[0] for b in batches), "steps": n_steps,
             "jitter_average": draws, "by_candidate": out}  # fmt: skip
 
 
