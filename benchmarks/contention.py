@@ -8,29 +8,38 @@ user runs it) on the built-in Navier–Stokes data, and times the whole command:
   300 matmuls of 512² on 2 threads (a neighbour running quick scripts);
 * ``training``: beside a second, identical training run started in a loop.
 
-Each condition runs under two OpenMP wait policies, interleaved round by round:
+Each condition runs under several OpenMP settings, interleaved round by round:
 
+* ``default``: no variable set, so ``train.py``'s choice applies: ``GOMP_SPINCOUNT=10000`` (a
+  short spin before sleeping) and the thread tuner (``callbacks.thread_tuner``), which keeps
+  the faster of all cores and one thread as the run goes;
+* ``passive``: ``OMP_WAIT_POLICY=PASSIVE``, tuner off (the default before the tuner);
 * ``spin``: ``GOMP_SPINCOUNT=300000``, libgomp's own default when no policy is set: an idle
   OpenMP thread spins for ~300k iterations before it sleeps (what every run did before the
-  entry points chose a policy);
-* ``passive``: no variable set, so the entry points' default (``OMP_WAIT_POLICY=PASSIVE``) applies;
-* ``short``: ``GOMP_SPINCOUNT=10000``: a short spin before sleeping (``--policies`` picks which
-  policies run; the default is ``spin`` and ``passive``).
+  entry points chose a policy), tuner off;
+* ``short``: ``GOMP_SPINCOUNT=10000``, tuner off.
 
-The figure is each condition's wall time over ``alone`` in the same policy and round; the target
-is at most 2.5x. Competitors run with the user's environment as it was (plain torch spins).
-The machine's load average before and after each run is stored with the figures.
+``--policies`` picks which run (default: ``default`` and ``passive``).
 
-Run from the repository root (about 30 minutes on 2 quiet cores with the defaults, most of it
-the spinning runs beside a competitor)::
+The figure is each condition's wall time over ``alone`` in the same policy (``x_alone``; the
+target is at most 2.5x) and over the fastest ``alone`` of any policy (``x_best_alone``), with the
+thread tuner's decisions as the run logged them. Competitors run with the user's environment
+as it was (the torch loop spins; a competing training run gets ``train.py``'s defaults). The
+machine's load average before and after each run is stored with the figures.
+
+Run from the repository root (about 6 minutes on 2 quiet cores with the defaults; ``spin``
+beside a competitor adds about 12 minutes a run)::
 
     python -m benchmarks.contention                # 150 steps, 1 round
     python -m benchmarks.contention --steps 40     # a quicker look
+    python -m benchmarks.contention --policies default passive short --name contention_tuner
+    python -m benchmarks.contention --render contention_tuner contention_tuner_round2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
@@ -41,14 +50,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import RESULTS_DIR as RESULTS
 from benchmarks.common import print_table
+from benchmarks.pages import DOCS, write_between
 from benchmarks.record import finish_record, run_record, save_result
 
 REPO = Path(__file__).resolve().parents[1]
-POLICIES = {
-    "spin": {"GOMP_SPINCOUNT": "300000"},
-    "passive": {},
-    "short": {"GOMP_SPINCOUNT": "10000"},
+PAGE = DOCS / "performance.md"
+NO_TUNER = ("callbacks.thread_tuner=null",)
+# name -> (environment, train.py overrides)
+POLICIES: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
+    "default": ({}, ()),
+    "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, NO_TUNER),
+    "spin": ({"GOMP_SPINCOUNT": "300000"}, NO_TUNER),
+    "short": ({"GOMP_SPINCOUNT": "10000"}, NO_TUNER),
 }
 CONDITIONS = ("alone", "torch_loop", "training")
 TORCH_LOOP = (
@@ -67,7 +82,9 @@ def _env(policy: dict[str, str]) -> dict[str, str]:
     return {**env, **policy}
 
 
-def _train_command(data: Path, run_dir: Path, steps: int) -> list[str]:
+def _train_command(
+    data: Path, run_dir: Path, steps: int, overrides: tuple[str, ...] = ()
+) -> list[str]:
     return [
         sys.executable,
         "train.py",
@@ -77,6 +94,7 @@ def _train_command(data: Path, run_dir: Path, steps: int) -> list[str]:
         f"trainer.max_steps={steps}",
         "trainer.num_sanity_val_steps=0",
         "trainer.limit_val_batches=0",
+        *overrides,
     ]
 
 
@@ -116,10 +134,11 @@ def time_run(policy: str, kind: str, data: Path, scratch: Path, steps: int) -> d
     try:
         load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
+        env, overrides = POLICIES[policy]
         done = subprocess.run(
-            _train_command(data, run_dir, steps),
+            _train_command(data, run_dir, steps, overrides),
             cwd=REPO,
-            env=_env(POLICIES[policy]),
+            env=_env(env),
             capture_output=True,
             text=True,
         )
@@ -128,14 +147,72 @@ def time_run(policy: str, kind: str, data: Path, scratch: Path, steps: int) -> d
         _stop(competitor)
     if done.returncode != 0:
         raise SystemExit(f"training ({policy}, {kind}) failed:\n{done.stderr[-2000:]}")
+    log = run_dir / "train.log"  # the tuner logs each change of thread count there
+    output = log.read_text() if log.is_file() else ""
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     return {
         "policy": policy,
         "condition": kind,
         "wall_s": wall,
+        "tuner": [line.strip() for line in output.splitlines() if "threads: " in line],
         "load1_before": load_before,
         "load1_after": os.getloadavg()[0],
     }
+
+
+LABELS = {
+    "default": "default (`train.py`: short spin + thread tuner)",
+    "passive": "passive (`OMP_WAIT_POLICY=PASSIVE`, no tuner)",
+    "short": "short spin (`GOMP_SPINCOUNT=10000`, no tuner)",
+    "spin": "spinning (`GOMP_SPINCOUNT=300000`, no tuner)",
+}
+CONDITION_LABELS = {
+    "alone": "alone",
+    "torch_loop": "beside the torch loop",
+    "training": "beside a second training run",
+}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """Markdown: per setting and condition, each result's wall seconds (and x its own quiet
+    run), results in the given order separated by ``/``."""
+    policies = [p for r in results for p in r["policies"]]
+    policies = list(dict.fromkeys(policies))
+    kinds = [k for k in CONDITION_LABELS if any(s["condition"] == k for r in results
+                                                for s in r["summary"])]  # fmt: skip
+    lines = [
+        "| setting | " + " | ".join(CONDITION_LABELS[k] for k in kinds) + " |",
+        "|---|" + "---:|" * len(kinds),
+    ]
+    for policy in policies:
+        cells = []
+        for kind in kinds:
+            rows = [
+                s
+                for r in results
+                for s in r["summary"]
+                if s["policy"] == policy and s["condition"] == kind
+            ]
+            walls = " / ".join(f"{s['wall_s']:.1f}" for s in rows)
+            times = " / ".join(f"{s['x_alone']:.2f}×" for s in rows)
+            cells.append(f"{walls} s" if kind == "alone" else f"{walls} s ({times})")
+        lines.append(f"| {LABELS.get(policy, policy)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render(names: list[str], results_dir: Path = RESULTS) -> Path:
+    """Write :func:`table` of the saved results ``names`` into :data:`PAGE`.
+
+    Raises:
+        FileNotFoundError: a named result is not saved.
+    """
+    results = []
+    for name in names:
+        path = results_dir / f"{name}.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no {path}: run python -m benchmarks.contention --name {name}")
+        results.append(json.loads(path.read_text()))
+    return write_between(PAGE, "contention-table", table(results))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -153,11 +230,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--policies",
         nargs="+",
-        default=["spin", "passive"],
+        default=["default", "passive"],
         choices=list(POLICIES),
         help="OpenMP wait policies to compare",
     )
+    parser.add_argument(
+        "--render",
+        nargs="+",
+        metavar="NAME",
+        default=None,
+        help="only write the saved results NAME... as the table on docs/performance.md",
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        print(f"wrote {render(args.render)}")
+        return {}
     record = run_record(sys.argv if argv is None else argv)
     kinds = ["alone", *(k for k in args.conditions if k != "alone")]
     runs: list[dict[str, Any]] = []
@@ -176,6 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     runs.append(time_run(policy, kind, data, scratch, args.steps))
                     print(runs[-1], flush=True)
     rows = []
+    best_alone = min(r["wall_s"] for r in runs if r["condition"] == "alone")
     for policy in args.policies:
         alone = statistics.median(
             r["wall_s"] for r in runs if r["policy"] == policy and r["condition"] == "alone"
@@ -184,7 +272,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             walls = [r["wall_s"] for r in runs if r["policy"] == policy and r["condition"] == kind]
             wall = statistics.median(walls)
             rows.append(
-                {"policy": policy, "condition": kind, "wall_s": wall, "x_alone": wall / alone}
+                {
+                    "policy": policy,
+                    "condition": kind,
+                    "wall_s": wall,
+                    "x_alone": wall / alone,
+                    "x_best_alone": wall / best_alone,
+                }
             )
     print_table(rows)
     result = {"steps": args.steps, "rounds": args.rounds, "policies": args.policies, "runs": runs,

@@ -19,12 +19,17 @@ After the rounds, one profiled forward+backward of each model splits its CPU tim
 norms, reductions). The GEMM kernels' own FLOP rate, over the square GEMM's, bounds the figure
 above: were every other op free, the step would run at that rate.
 
-**The GEMM floor.** One step of ``small`` runs under :class:`GemmRecorder`, which keeps every
-GEMM call (``mm``, ``addmm``, ``bmm``, ``baddbmm`` and their in-place / ``out=`` forms, forward
-and backward: the calls the profiler lists) with its operands' sizes, strides and dtype.
-:class:`GemmFloor` replays them alone on random tensors of the same layouts. Each round times
-the step and then its floor, so the ratio ``step / floor`` (target <= 1.33) and the non-GEMM
-share ``1 - floor / step`` (target <= 25 %) hold up on a busy machine better than either time.
+**The GEMM floor.** One step of ``small`` runs under :class:`benchmarks.kernels.KernelRecorder`,
+which keeps every aten call that moves data (forward and backward: the calls the profiler lists)
+with its operands' sizes, strides and dtype, sorted by kind. :class:`~benchmarks.kernels.KernelReplay`
+replays calls alone on random tensors of the same layouts; over the GEMM calls (``mm``,
+``addmm``, ``bmm``, ``baddbmm`` and their in-place / ``out=`` forms) that is the floor. Each round
+times the step and then its floor, so the ratio ``step / floor`` (target <= 1.33) and the
+non-GEMM share ``1 - floor / step`` (target <= 25 %) hold up on a busy machine better than either
+time. Each round then replays the step's other kernels alone, kind by kind (attention, norms,
+activations, copies, the rest): what is left of the step is dispatch, autograd and Python
+overhead, and the floor plus the attention, norm and activation kernels alone bounds what
+removing every copy and extra pass could reach with these kernels (``floor.kernels``).
 
 ``--compile blocks|model`` adds a compiled copy of ``small`` (``module.compile``) to the rounds.
 The first ``--compile-warmup`` steps (compiles, and recompiles for new jitter offsets), less as
@@ -48,20 +53,24 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 from torch._inductor.runtime.cache_dir_utils import cache_dir
-from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 
 from benchmarks.accounting import account
 from benchmarks.common import gemm_gflops, print_table, save_json
+from benchmarks.gemm_rate_tables import TARGET_OVER_FLOOR, write_tables
+from benchmarks.kernels import (
+    KERNEL_KINDS,
+    KernelReplay,
+    floor_summary,
+    mean_seconds,
+    op_breakdown,
+    step_kernels,
+)
 from walrus.model.compile import compile_model
 from walrus.model.config import WalrusConfig
 from walrus.model.flops import forward_flops, parameter_counts
@@ -72,6 +81,9 @@ MODELS = ("small", "small_conv")
 PERIODIC = 2
 N_FIELDS = 3  # navier_stokes_2d: vorticity and two velocity components
 GRID = (64, 64)
+# the kinds of kernel the model's maths needs whatever the implementation (copies, fills and
+# the other element-wise passes are the implementation's)
+REQUIRED_KINDS = ("attention", "norm", "activation")
 
 
 def quickstart_shape() -> tuple[int, int]:
@@ -86,15 +98,6 @@ def build(name: str) -> Walrus:
     cfg = yaml.safe_load((CONFIGS / "model" / f"{name}.yaml").read_text())
     torch.manual_seed(0)
     return Walrus(WalrusConfig.from_dict({**cfg, "include_d": [2]})).train()
-
-
-def mean_seconds(fn: Callable[[], Any], iters: int) -> float:
-    """Mean wall seconds of ``iters`` calls of ``fn`` (after one untimed call)."""
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
 
 
 class Step:
@@ -115,164 +118,6 @@ class Step:
     def seconds(self, iters: int) -> float:
         """Mean wall seconds of ``iters`` steps (after one untimed step)."""
         return mean_seconds(self, iters)
-
-
-GEMM_OPS = (
-    "aten::mm",
-    "aten::addmm",
-    "aten::addmm_",
-    "aten::bmm",
-    "aten::baddbmm",
-    "aten::baddbmm_",
-)
-COPY_OPS = ("aten::copy_", "aten::cat", "aten::fill_", "aten::zero_", "aten::stack", "aten::clone")
-
-
-def op_kind(name: str) -> str:
-    """``gemm``, ``attention``, ``copy`` or ``other`` for a profiled aten op name."""
-    if name in GEMM_OPS:
-        return "gemm"
-    if "scaled_dot_product" in name or "attention" in name.lower():
-        return "attention"
-    return "copy" if name in COPY_OPS else "other"
-
-
-def gemm_flops(name: str, shapes: list[list[int]]) -> int:
-    """FLOPs of one GEMM op from its recorded input shapes (0 when they are not recorded).
-
-    ``mm (m,k)(k,n)``, ``addmm[_] (c)(m,k)(k,n)`` and the batched ``bmm``/``baddbmm[_]`` forms:
-    ``2 m k n`` per matrix product.
-    """
-    mats = [s for s in shapes if len(s) >= 2]
-    if name in ("aten::addmm", "aten::addmm_", "aten::baddbmm", "aten::baddbmm_"):
-        mats = mats[-2:] if len(mats) >= 2 else []
-    if len(mats) < 2:
-        return 0
-    a, b = mats[0], mats[1]
-    batch = a[0] if len(a) == 3 else 1
-    return 2 * batch * a[-2] * a[-1] * b[-1]
-
-
-_GEMM_PACKETS = {getattr(torch.ops.aten, n.removeprefix("aten::")) for n in GEMM_OPS}
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Size, stride and dtype of a recorded GEMM operand."""
-
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
-
-    def fresh(self) -> torch.Tensor:
-        """A random tensor of this layout (its own storage, just large enough)."""
-        extent = 1 + sum((n - 1) * s for n, s in zip(self.size, self.stride, strict=True))
-        if 0 in self.size:
-            extent = 0
-        return torch.randn(extent, dtype=self.dtype).as_strided(self.size, self.stride)
-
-
-GemmCall = tuple[Any, tuple, dict]  # (overload, args, kwargs), tensors as TensorSpec
-
-
-class GemmRecorder(TorchDispatchMode):
-    """Records the GEMM calls (``GEMM_OPS``) that run under it, forward and backward alike.
-
-    ``calls`` holds ``(overload, args, kwargs)`` with every tensor replaced by its
-    :class:`TensorSpec`: enough to replay the call on fresh tensors of the same layout.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[GemmCall] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        if func.overloadpacket in _GEMM_PACKETS:
-            spec = tree_map(
-                lambda t: (
-                    TensorSpec(tuple(t.shape), t.stride(), t.dtype)
-                    if isinstance(t, torch.Tensor)
-                    else t
-                ),
-                (args, kwargs),
-            )
-            self.calls.append((func, *spec))
-        return func(*args, **kwargs)
-
-
-def step_gemms(step: Callable[[], Any]) -> list[GemmCall]:
-    """The GEMM calls of one run of ``step`` (after one unrecorded run), in order."""
-    step()
-    with GemmRecorder() as rec:
-        step()
-    return rec.calls
-
-
-def call_flops(func: Any, args: tuple) -> int:
-    """FLOPs of one recorded GEMM call (see :func:`gemm_flops`)."""
-    shapes = [list(a.size) for a in args if isinstance(a, TensorSpec)]
-    return gemm_flops(f"aten::{func.overloadpacket.__name__}", shapes)
-
-
-def _fresh(value: Any) -> Any:
-    return value.fresh() if isinstance(value, TensorSpec) else value
-
-
-class GemmFloor:
-    """A step's GEMMs alone: every recorded call replayed on random tensors of its layout.
-
-    Each call gets its own inputs (same sizes, strides and dtype as in the step), so caches see
-    about what the step's GEMMs see; in-place calls write into their own buffer each time.
-    """
-
-    def __init__(self, calls: list[GemmCall]):
-        self.calls = [
-            (func, tree_map(_fresh, args), tree_map(_fresh, kw)) for func, args, kw in calls
-        ]
-        self.flops = sum(call_flops(func, args) for func, args, _ in calls)
-
-    def __call__(self) -> None:
-        for func, args, kwargs in self.calls:
-            func(*args, **kwargs)
-
-    def seconds(self, iters: int) -> float:
-        """Mean wall seconds of ``iters`` replays (after one untimed replay)."""
-        return mean_seconds(self, iters)
-
-
-def op_breakdown(step: Callable[[], Any]) -> dict[str, Any]:
-    """One profiled forward+backward of ``step``: CPU seconds per op kind and GEMM FLOPs.
-
-    Returns:
-        ``{"seconds": {kind: s}, "total_s", "gemm_flops"}`` over the ops' self CPU time.
-    """
-    step()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        step()
-    seconds = dict.fromkeys(("gemm", "attention", "copy", "other"), 0.0)
-    flops = 0
-    for ev in prof.events():
-        if not ev.name.startswith("aten::"):
-            continue
-        kind = op_kind(ev.name)
-        seconds[kind] += ev.self_cpu_time_total * 1e-6
-        if kind == "gemm":
-            flops += gemm_flops(ev.name, [list(s) for s in ev.input_shapes])
-    return {"seconds": seconds, "total_s": sum(seconds.values()), "gemm_flops": flops}
-
-
-def floor_summary(calls: list[GemmCall]) -> list[dict[str, Any]]:
-    """The distinct GEMM calls of a step: op, operand sizes, count and FLOPs per call."""
-    seen: dict[tuple, dict[str, Any]] = {}
-    for func, args, _ in calls:
-        sizes = [list(a.size) for a in args if isinstance(a, TensorSpec)]
-        key = (str(func), str(sizes))
-        entry = seen.setdefault(
-            key, {"op": str(func), "sizes": sizes, "count": 0, "flops": call_flops(func, args)}
-        )
-        entry["count"] += 1
-    return sorted(seen.values(), key=lambda e: -e["count"] * e["flops"])
 
 
 def compile_warmup(step: Step, mode: str, steps: int) -> dict[str, Any]:
@@ -307,7 +152,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--note", default="", help="free text stored in the JSON (machine state)")
     parser.add_argument("--results-dir", default=None, help="where to write gemm_rate.json")
+    parser.add_argument(
+        "--name", default="gemm_rate", help="JSON file stem (gemm_rate_spin: the spinning policy)"
+    )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="render the tables into docs/performance.md after the run",
+    )
+    parser.add_argument(
+        "--render", action="store_true", help="only render the saved JSONs into the page, no run"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        print(f"wrote {write_tables(args.results_dir)}")
+        return {}
     if min(args.rounds, args.iters, args.threads, args.compile_warmup) < 1:
         parser.error("--rounds, --iters, --threads and --compile-warmup must be >= 1")
     torch.set_num_threads(args.threads)
@@ -329,11 +188,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{parts['total'] / 1e9:.2f} GFLOP ({parts['processor'] / parts['total']:.0%} in the "
             f"processor), forward+backward {facts[name]['fwd_bwd_flops'] / 1e9:.2f} GFLOP"
         )
-    calls = step_gemms(steps["small"])
-    floor = GemmFloor(calls)
+    kernels = step_kernels(steps["small"])
+    calls = kernels["gemm"]
+    floor = KernelReplay(calls)
+    alone = {kind: KernelReplay(kernels[kind]) for kind in KERNEL_KINDS if kind != "gemm"}
     print(
         f"small: {len(calls)} GEMM calls per step ({floor.flops / 1e9:.2f} GFLOP, "
-        f"{len(floor_summary(calls))} distinct), replayed alone as its floor"
+        f"{len(floor_summary(calls))} distinct), replayed alone as its floor; "
+        + ", ".join(f"{len(kernels[k])} {k}" for k in alone)
+        + " calls replayed alone by kind"
     )
     compiled, warm = None, {}
     if args.compile:
@@ -356,6 +219,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row[f"{name}_gflops"] = facts[name]["fwd_bwd_flops"] / s / 1e9
             if name == "small":  # the floor right after its step, then the compiled step
                 row["small_floor_ms"] = floor.seconds(args.iters) * 1e3
+                for kind, replay in alone.items():
+                    row[f"small_{kind}_alone_ms"] = replay.seconds(args.iters) * 1e3
                 if compiled is not None:
                     row["small_compiled_ms"] = compiled.seconds(args.iters) * 1e3
         row["gemm_gflops"] = statistics.mean(gemm)
@@ -370,13 +235,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print_table([row])
     median = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "round"}
     median["small_non_gemm_share"] = 1 - 1 / median["small_over_floor"]
+    split = kernel_split(rows, {k: len(v) for k, v in kernels.items()})
+    print("\nsmall: its kernels replayed alone by kind (median ms over rounds):")
+    print_table(split["table"])
+    print(
+        f"kernels alone {split['kernels_ms']:.0f} ms of a {split['step_ms']:.0f} ms step; the "
+        f"GEMM floor with the attention, norm and activation kernels alone is "
+        f"{split['required_over_floor']:.2f}x the floor (target {TARGET_OVER_FLOOR}x)"
+    )
     print("\nmedian over rounds:")
     print_table([median])
     floor_facts: dict[str, Any] = {
         "gemm_calls": len(calls),
         "gemm_flops": floor.flops,
-        "target_over_floor": 1.33,
+        "target_over_floor": TARGET_OVER_FLOOR,
         "calls": floor_summary(calls),
+        "kernels": split,
     }
     if compiled is not None:
         f = floor_facts["compiled"] = compile_facts(warm, rows)
@@ -404,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ]
     )
     path = save_json(
-        "gemm_rate",
+        args.name,
         {
             "shape": {"batch": batch, "frames": frames, "fields": N_FIELDS, "grid": list(GRID)},
             "threads": args.threads,
@@ -425,7 +299,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.results_dir,
     )
     print(f"wrote {path}")
+    if args.write:
+        print(f"wrote {write_tables(args.results_dir)}")
     return median
+
+
+def kernel_split(rows: list[dict[str, Any]], counts: dict[str, int]) -> dict[str, Any]:
+    """The small step's kernels alone by kind, against its GEMM floor.
+
+    Per kind: calls per step and the median over rounds of their replay alone. ``overhead_ms``
+    is the step less all its kernels alone: dispatch, autograd and Python. The required
+    kernels (:data:`REQUIRED_KINDS`) alone, over the floor, bound what removing every copy,
+    extra pass and overhead could reach with these kernels.
+    """
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.endswith("_ms")}
+    floor, step = med["small_floor_ms"], med["small_ms"]
+    alone = {"gemm": floor} | {
+        k: med[f"small_{k}_alone_ms"] for k in KERNEL_KINDS if f"small_{k}_alone_ms" in med
+    }
+    total = sum(alone.values())
+    required = floor + sum(alone.get(k, 0.0) for k in REQUIRED_KINDS)
+    table = [
+        {"kind": k, "calls": counts.get(k, 0), "alone_ms": v, "of_step": v / step}
+        for k, v in alone.items()
+    ]
+    table.append(
+        {"kind": "overhead", "calls": 0, "alone_ms": step - total, "of_step": 1 - total / step}
+    )
+    return {
+        "step_ms": step,
+        "floor_ms": floor,
+        "kernels_ms": total,
+        "overhead_ms": step - total,
+        "required_ms": required,
+        "required_over_floor": required / floor,
+        "table": table,
+    }
 
 
 def compile_facts(warm: dict[str, Any], rows: list[dict[str, Any]], run_steps: int = 600) -> dict:

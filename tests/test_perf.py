@@ -314,6 +314,31 @@ def test_whole_model_compile_matches_eager_inference():
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # ~20 s of compilation
+@needs_cxx
+def test_block_compile_compiles_one_graph_for_every_block():
+    # filling the derived-weight and bucket caches inside the compiled region changed globals
+    # the guards watch: one recompile per block, then one more on the next step
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager = tiny().train()
+    compiled = copy.deepcopy(eager)
+    assert len(compiled.blocks) >= 2
+    compile_model(compiled, "blocks")
+    x, fields = torch.randn(2, 3, 2, 32, 32), torch.tensor([0, 3])
+    for seed in range(2):
+        outs = [m(x, fields, BCS, jitter_seed=seed) for m in (eager, compiled)]
+        for y in outs:
+            y.square().mean().backward()
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+        for (name, p), q in zip(compiled.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5, msg=name)
+            p.grad = q.grad = None
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.slow
 @needs_cxx
 def test_whole_model_compile_matches_eager_training():
@@ -335,8 +360,8 @@ def test_whole_model_compile_matches_eager_training():
 
 
 def test_gemm_rate_floor_records_the_steps_gemms_forward_and_backward():
-    from benchmarks.gemm_rate import (
-        GemmFloor,
+    from benchmarks.kernels import (
+        KernelReplay,
         TensorSpec,
         call_flops,
         floor_summary,
@@ -362,7 +387,7 @@ def test_gemm_rate_floor_records_the_steps_gemms_forward_and_backward():
     specs = [a for _, args, _ in calls for a in args if isinstance(a, TensorSpec)]
     transposed = [s for s in specs if len(s.size) >= 2 and s.stride[-2:] == (1, s.size[-2])]
     assert transposed  # backward GEMMs read transposed operands; the layout is kept
-    floor = GemmFloor(calls)
+    floor = KernelReplay(calls)
     assert floor.flops == sum(call_flops(f, a) for f, a, _ in calls)
     for (func, args, _), (rfunc, rargs, _) in zip(calls, floor.calls, strict=True):
         assert rfunc is func
@@ -373,6 +398,101 @@ def test_gemm_rate_floor_records_the_steps_gemms_forward_and_backward():
     summary = floor_summary(calls)
     assert sum(e["count"] for e in summary) == len(calls)
     assert sum(e["count"] * e["flops"] for e in summary) == floor.flops
+
+
+def test_gemm_rate_kernel_replay_covers_every_kind_of_kernel():
+    from benchmarks.kernels import KERNEL_KINDS, KernelReplay, kernel_kind, step_kernels
+
+    assert [
+        kernel_kind(n)
+        for n in (
+            "aten::addmm",
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+            "aten::native_layer_norm_backward",
+            "aten::linalg_vector_norm",
+            "aten::silu_backward",
+            "aten::silu_",
+            "aten::stack",
+            "aten::mul",
+        )
+    ] == ["gemm", "attention", "norm", "norm", "activation", "activation", "copy", "other"]
+    model = tiny().train()
+    x, fields = torch.randn(2, 3, 2, 32, 32), torch.tensor([0, 3])
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x, fields, BCS, jitter_seed=0).abs().mean().backward()
+
+    kernels = step_kernels(step)
+    assert set(kernels) == set(KERNEL_KINDS)
+    assert all(kernels[k] for k in ("gemm", "norm", "activation", "copy", "other"))
+    names = {str(f) for calls in kernels.values() for f, _, _ in calls}
+    assert "aten.native_layer_norm_backward.default" in names  # the backward is recorded
+    assert not any(f.is_view for calls in kernels.values() for f, _, _ in calls)
+    for kind, calls in kernels.items():
+        replay = KernelReplay(calls)
+        replay()  # every recorded call replays on fresh tensors of its layout
+        assert (replay.flops > 0) == (kind == "gemm")
+
+
+def test_gemm_rate_kernel_split_and_tables(tmp_path, monkeypatch):
+    import benchmarks.gemm_rate as gr
+    import benchmarks.gemm_rate_tables as tables
+
+    rounds = [
+        {
+            "round": i,
+            "load1": 0.5,
+            "small_ms": step,
+            "small_floor_ms": 50.0,
+            "small_attention_alone_ms": 5.0,
+            "small_norm_alone_ms": 8.0,
+            "small_activation_alone_ms": 2.0,
+            "small_copy_alone_ms": 10.0,
+            "small_other_alone_ms": 15.0,
+            "small_over_floor": step / 50.0,
+            "small_floor_fraction": 0.6,
+        }
+        for i, step in enumerate((100.0, 120.0, 100.0))
+    ]
+    split = gr.kernel_split(rounds, {"gemm": 10, "norm": 4})
+    assert split["kernels_ms"] == 90.0 and split["overhead_ms"] == 10.0  # median step 100
+    assert split["required_over_floor"] == pytest.approx((50 + 5 + 8 + 2) / 50)
+    shares = {r["kind"]: r["of_step"] for r in split["table"]}
+    assert shares["gemm"] == 0.5 and shares["overhead"] == pytest.approx(0.1)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    median = {k: rounds[0][k] for k in rounds[0] if k != "round"}
+    median["small_non_gemm_share"] = 0.5
+    data = {
+        "environment": {"time": "2026-12-05T09:00:00+00:00"},
+        "median": median,
+        "rounds": rounds,
+        "floor": {"kernels": split},
+    }
+    (tmp_path / "gemm_rate.json").write_text(json.dumps(data))
+    page = tmp_path / "performance.md"
+    page.write_text(
+        "a\n<!-- gemm-floor:start -->\nold\n<!-- gemm-floor:end -->\n"
+        "<!-- step-kernels:start -->\n<!-- step-kernels:end -->\n"
+        "<!-- step-compile:start -->\nkept\n<!-- step-compile:end -->\n"
+    )
+    monkeypatch.setattr(tables, "PAGE", page)
+    assert tables.write_tables(tmp_path) == page
+    text = page.read_text()
+    assert "old" not in text and "**2.00×** (rounds 2.00–2.40" in text
+    assert "| overhead |  | 10.0 ms | 10% |" in text and "**1.30× the floor**" in text
+    assert "kept" in text  # no gemm_rate_compile.json: that table is left alone
+    with pytest.raises(FileNotFoundError, match="no gemm_rate.json"):
+        tables.write_tables(tmp_path / "empty")
+    labels = [
+        tables.policy_label(env)
+        for env in (
+            {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": None},
+            {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "10000"},
+            {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None},
+        )
+    ]
+    assert [label.split()[0] for label in labels] == ["passive", "short", "spinning"]
 
 
 def test_gemm_rate_compile_break_even():
@@ -394,7 +514,7 @@ def test_gemm_rate_compile_break_even():
 
 
 def test_gemm_rate_op_breakdown_counts_gemm_flops_exactly():
-    from benchmarks.gemm_rate import gemm_flops, op_breakdown, op_kind
+    from benchmarks.kernels import gemm_flops, op_breakdown, op_kind
 
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     x, y, c = torch.randn(3, 5, 6), torch.randn(3, 6, 7), torch.randn(3, 5, 7)

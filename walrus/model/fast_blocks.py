@@ -182,8 +182,15 @@ def clear_derived(model: nn.Module) -> None:
         _CACHES.pop(m, None)
 
 
+# what a compiled region gets: it builds every time (``DerivedCache.get``) and, unlike a
+# module's own cache, registering it mutates no global, which would cost a recompile per module
+_UNCACHED = DerivedCache()
+
+
 def _derived(m: nn.Module) -> DerivedCache:
-    """The derived-tensor cache of module ``m``."""
+    """The derived-tensor cache of module ``m`` (inside ``torch.compile``, one that builds)."""
+    if torch.compiler.is_compiling():
+        return _UNCACHED
     cache = _CACHES.get(m)
     if cache is None:
         cache = _CACHES[m] = DerivedCache()

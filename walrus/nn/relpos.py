@@ -70,7 +70,11 @@ class RelativePositionBias(nn.Module):
         nn.init.normal_(self.relative_attention_bias.weight, std=0.02)
 
     def buckets(self, length: int, device: torch.device) -> Tensor:
-        """Cached ``(length, length)`` bucket indices on ``device``."""
+        """Cached ``(length, length)`` bucket indices on ``device`` (not cached inside
+        ``torch.compile``: filling the cache there would cost a recompile)."""
+        if torch.compiler.is_compiling():
+            b = relative_buckets(length, self.num_buckets, self.max_distance, self.bidirectional)
+            return b.to(device)
         key = (length, device)
         if key not in self._cache:
             b = relative_buckets(length, self.num_buckets, self.max_distance, self.bidirectional)

@@ -37,6 +37,7 @@ FREE_OPTIONS = (
     "logger",
     "callbacks.progress_bar",
     "callbacks.progress_line",
+    "callbacks.thread_tuner",  # how many threads, not what is computed
     "trainer.accelerator",
     "trainer.devices",
     "trainer.num_nodes",
