@@ -218,6 +218,16 @@ def _check_types(cfg: DictConfig) -> None:
         raise ValueError(f"option seed must be an int, got {cfg.get('seed')!r}")
     for group in CHECKED_GROUPS:
         check_option_types(cfg.get(group), group)
+    signs = (
+        ("optimizer", "lr", "> 0"),
+        ("optimizer", "eps", ">= 0"),
+        ("module", "weight_decay", ">= 0"),
+    )
+    for group, name, low in signs:  # torch's own errors for these name no option
+        value = (cfg.get(group) or {}).get(name)  # its kind was checked above
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if number and (value < 0 or (low == "> 0" and value == 0)):
+            raise ValueError(f"option {group}.{name} must be a number {low}, got {value!r}")
 
 
 def _output_dir(cfg: DictConfig) -> Path:
