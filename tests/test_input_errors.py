@@ -86,8 +86,7 @@ def test_a_second_rollout_into_one_out_is_refused_unless_overwrite(toy, tmp_path
         ("trainer.max_epochs=two", "option trainer.max_epochs must be an int or null, got 'two'"),
         ("module.input_noise=lots", "option module.input_noise must be a number, got 'lots'"),
         ("seed=x", "option seed must be an int, got 'x'"),
-        ("optimizer.lr=-1", "option optimizer.lr must be a number > 0, got -1"),
-        ("optimizer.lr=0", "option optimizer.lr must be a number > 0, got 0"),
+        ("optimizer.lr=-1", "option optimizer.lr must be a number >= 0, got -1"),
         ("module.weight_decay=-0.1", "option module.weight_decay must be a number >= 0"),
     ],
 )

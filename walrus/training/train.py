@@ -218,16 +218,11 @@ def _check_types(cfg: DictConfig) -> None:
         raise ValueError(f"option seed must be an int, got {cfg.get('seed')!r}")
     for group in CHECKED_GROUPS:
         check_option_types(cfg.get(group), group)
-    signs = (
-        ("optimizer", "lr", "> 0"),
-        ("optimizer", "eps", ">= 0"),
-        ("module", "weight_decay", ">= 0"),
-    )
-    for group, name, low in signs:  # torch's own errors for these name no option
+    # torch's own errors for these name no option (lr 0 is allowed: the weights stay as loaded)
+    for group, name in (("optimizer", "lr"), ("optimizer", "eps"), ("module", "weight_decay")):
         value = (cfg.get(group) or {}).get(name)  # its kind was checked above
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if number and (value < 0 or (low == "> 0" and value == 0)):
-            raise ValueError(f"option {group}.{name} must be a number {low}, got {value!r}")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"option {group}.{name} must be a number >= 0, got {value!r}")
 
 
 def _output_dir(cfg: DictConfig) -> Path:
