@@ -108,7 +108,6 @@ class TensorSpec:
 
 
 Call = tuple[Any, tuple, dict]  # (overload, args, kwargs), tensors as TensorSpec
-GemmCall = Call
 
 
 def _spec(value: Any) -> Any:
@@ -152,7 +151,7 @@ def step_kernels(
     return rec.calls
 
 
-def step_gemms(step: Callable[[], Any]) -> list[GemmCall]:
+def step_gemms(step: Callable[[], Any]) -> list[Call]:
     """The GEMM calls of one run of ``step`` (after one unrecorded run), in order: ``mm``,
     ``addmm``, ``bmm``, ``baddbmm`` and their in-place and ``out=`` forms."""
     return step_kernels(step, ("gemm",))["gemm"]
@@ -214,7 +213,7 @@ def op_breakdown(step: Callable[[], Any]) -> dict[str, Any]:
     return {"seconds": seconds, "total_s": sum(seconds.values()), "gemm_flops": flops}
 
 
-def floor_summary(calls: list[GemmCall]) -> list[dict[str, Any]]:
+def floor_summary(calls: list[Call]) -> list[dict[str, Any]]:
     """The distinct GEMM calls of a step: op, operand sizes, count and FLOPs per call."""
     seen: dict[tuple, dict[str, Any]] = {}
     for func, args, _ in calls:

@@ -72,12 +72,12 @@ class RelativePositionBias(nn.Module):
     def buckets(self, length: int, device: torch.device) -> Tensor:
         """Cached ``(length, length)`` bucket indices on ``device`` (not cached inside
         ``torch.compile``: filling the cache there would cost a recompile)."""
-        if torch.compiler.is_compiling():
-            b = relative_buckets(length, self.num_buckets, self.max_distance, self.bidirectional)
-            return b.to(device)
         key = (length, device)
-        if key not in self._cache:
+        compiling = torch.compiler.is_compiling()
+        if compiling or key not in self._cache:
             b = relative_buckets(length, self.num_buckets, self.max_distance, self.bidirectional)
+            if compiling:
+                return b.to(device)
             self._cache[key] = b.to(device)
         return self._cache[key]
 

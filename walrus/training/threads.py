@@ -2,9 +2,9 @@
 
 An OpenMP team is as fast as its slowest thread. When another process computes on the same
 cores, one of the team's threads keeps losing its core and every parallel region waits for it:
-on 2 cores a quickstart run beside a loop of short torch processes took 2.3-3.4x its quiet time
-with 2 threads and a short spin, and the same with 1 thread (docs/performance.md, "Shared
-machines"). :class:`ThreadTuner` times a window of training steps at the current thread count
+on 2 cores a quickstart run beside a loop of short torch processes took 2.1-3.4x its quiet time
+with 2 threads and a short spin, and a step took about half as long with 1 thread as with 2
+(docs/performance.md, "Shared machines"). :class:`ThreadTuner` times a window of training steps at the current thread count
 and one at the other (all cores or one), keeps the faster, and probes again every
 ``every_n_steps`` steps, so a run follows the machine as neighbours come and go.
 
@@ -63,9 +63,8 @@ class ThreadTuner(pl.Callback):
         self.every_n_steps = _check_int("every_n_steps", every_n_steps, 1, allow_none=True)
         self.window = _check_int("window", window, 1)
         self.start_step = _check_int("start_step", start_step, 0)
-        if isinstance(margin, bool) or not isinstance(margin, int | float):
-            raise ValueError(f"{OPTION}.margin must be a number in [0, 1), got {margin!r}")
-        if not (math.isfinite(margin) and 0 <= margin < 1):
+        number = isinstance(margin, int | float) and not isinstance(margin, bool)
+        if not (number and math.isfinite(margin) and 0 <= margin < 1):
             raise ValueError(f"{OPTION}.margin must be a number in [0, 1), got {margin!r}")
         self.margin = float(margin)
         self.active = False
